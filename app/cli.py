@@ -6,6 +6,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -60,22 +61,33 @@ def read_request(path: str):
     the service says the same of a trace, planner/profile_trace.py)."""
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
-        if path.endswith((".yaml", ".yml")):
-            return _yaml(text)
         from .limits import unreadable_number
 
-        bad = unreadable_number(text.encode())  # the service's body filter: Python's json reads NaN, RFC 8259 has none
+        yaml = path.endswith((".yaml", ".yml"))
+        # the service's body filter: Python's json reads NaN, RFC 8259 has none; ints past 4,300 digits in either
+        bad = _yaml_number(text) if yaml else unreadable_number(text.encode())
         if bad is not None:
             where = ".".join(map(str, bad[0][1:]))  # the field, as the service's 422 names it
             print(f"commplan: {path}: {where + ': ' if where else ''}{bad[1]}", file=sys.stderr)
             return UNREADABLE
-        return json.loads(text)
+        return _yaml(text) if yaml else json.loads(text)
     except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         reason = str(err)
     except RecursionError:
         reason = "nested deeper than Python's parser goes: not a request"
     print(f"commplan: cannot read {path}: {reason}", file=sys.stderr)
     return UNREADABLE
+
+
+def _yaml_number(text: str):
+    """Where YAML ``text`` holds an integer Python does not convert (None if none): looked for only when a run of
+    more digits than the limit is in the text (the YAML read twice only then)."""
+    from .limits import unreadable_yaml
+
+    limit = sys.get_int_max_str_digits()
+    if limit <= 0 or not re.search(rf"[0-9_]{{{limit + 1}}}", text):
+        return None
+    return unreadable_yaml(text)
 
 
 def _yaml(text: str):

@@ -34,7 +34,9 @@ the weights were measured per algorithm on one group of n = 256 .. 65,536 ranks 
   of that cache; measured / estimated CPU of 1,000-config batches 0.88-1.93 at 128-16,384 GPUs (docs/search.md);
 - building a network's routing: the network plug-in's ``work`` (:func:`network_work`; router networks are
   routed by a breadth-first search from each router: num_nodes^2 router visits, x4 for dragonfly and
-  hypercube), against their own budget.
+  hypercube), against their own budget;
+- routing a schedule-priced call's node pairs the first time: the network plug-in's ``pairs_work`` over the pairs
+  its candidates meet (:func:`routing_work`: a router network's Python pass over its links a pair; 0 on fat-trees).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import count
 from typing import ClassVar
+
+import numpy as np
 
 from collectives import CollectiveError, Op
 from collectives.algorithms import Request, lookup
@@ -94,7 +98,10 @@ HALVING_WEIGHT = 60  # x n^2: what `all` still costs once the quadratic ones are
 # broadcast, all-to-all; n 2-2,048 ranks on g 1-1,024 groups, 256 MiB, the schedule and route memos cleared; CPU
 # time, load 1-4; speed15, docs/search.md "(speed15)"): measured / charged 0.51-3.5 a call, median 1.13, where
 # 70 n^2 + g n^2 (fitted at n = 4,096) charged n 128-1,024 at 6-10x and n 8-16 at 0.04-0.15x (no candidate's fixed
-# cost was charged)
+# cost was charged). The band stated is 0.5-4.6: the all-gather at n = 2,048 measured 4.40 (load 6-8; review r15c:
+# 4.55), its three block-listing candidates (Bruck, recursive doubling, in-network) sorting 4M-entry block lists
+# past the caches; the reduce-scatter and allreduce there 2.1-2.2 (mend15d, tests/app/test_estimate_candidates.py
+# holds the worst corner of each network type). Router networks add their node pairs' routing (routing_work).
 EVERY_CANDIDATE_WEIGHT = 8_600  # a candidate schedule built and evaluated (0.13 ms; n 8: 0.1-0.5 ms a candidate)
 EVERY_CANDIDATE_RANK_WEIGHT = 240  # x n, a candidate: its schedule's arrays over the group
 EVERY_CANDIDATE_PLACED_WEIGHT = 5  # x g n, a candidate: routing every group (allreduce on 1,024 groups of 8: 12 ms)
@@ -117,7 +124,9 @@ LEDGER_CALL_WEIGHT = 5_000
 # ranks of a call's placement a unit: planner/layout.py ``RankLayout.placement`` over a 16,384-GPU world measured
 # 0.63 ns a rank (20 Llama-3 70B layouts of bench/batch_scale.py, every call's placement, memo cleared; 9.4 ns at
 # 512 GPUs, where its per-call numpy steps dominate, which LEDGER_CALL_WEIGHT holds); 1 unit a rank charged 24x its
-# CPU and refused 1,000 configs on 16,384 GPUs (batch14; speed15, docs/search.md)
+# CPU and refused 1,000 configs on 16,384 GPUs (batch14; speed15, docs/search.md). Reproduced by bench/placing_cost.py
+# (mend15d, load 3-6): 0.57 ns a rank at 16,384 GPUs (15 / 0.57 = 26 ranks a unit at cost), 11.3 at 512; 16 keeps
+# ~1.6x over the 16,384-GPU cost
 PLACED_PER_UNIT = 16
 
 
@@ -240,6 +249,50 @@ def every_work(op: Op, n: int, g: int, algorithms: tuple[str, ...], message: int
     return units
 
 
+# The schedules whose transfers join every pair of a group's ranks: the direct ("mesh") reduce-scatter, all-gather,
+# allreduce and all-to-all and the hierarchical all-to-all (collectives/algorithms/direct.py, alltoall.py,
+# hierarchical.py: ``StepClass.every_pair``), and the quadratic all-to-alls that list them (explore.QUADRATIC)
+ALL_PAIRS = QUADRATIC | {("direct", op) for op in (Op.REDUCESCATTER, Op.ALLGATHER, Op.ALLREDUCE, Op.ALLTOALL)} | {
+    ("hierarchical", Op.ALLTOALL)
+}
+# The schedules that pair rank i with i +- 2^k, k < log2 n (collectives/algorithms/halving_doubling.py,
+# recursive_doubling.py, bruck.py, swing.py): n log2 n pairs; the others (rings, trees, a root's sends) ~2 n
+EXCHANGES = frozenset({"halving_doubling", "recursive_doubling", "bruck", "swing"})
+
+
+def routed_pairs(op: Op, nodes, algorithms: tuple[str, ...]) -> int:
+    """Distinct (source, destination) node pairs the schedule pricer routes for ``algorithms`` of ``op`` over groups
+    that span ``nodes`` (one row of node ids a group): every ordered pair of a group's m nodes where an all-pairs
+    schedule is among them (ALL_PAIRS), m log2 m where a distance-doubling one is (EXCHANGES; with a ring's m), else
+    2 m (a ring and a tree); each distinct set of nodes once, as the network memoises a path per node pair
+    (bench/every_work_cost.py --cluster: the torus and dragonfly points, docs/search.md "(mend15d)")."""
+    rows = np.unique(np.sort(np.atleast_2d(nodes), axis=1), axis=0)
+    m = (np.diff(rows, axis=1) != 0).sum(axis=1) + 1  # nodes of each distinct set
+    if any((name, op) in ALL_PAIRS for name in algorithms):
+        return int((m * (m - 1)).sum())
+    per = np.maximum(np.ceil(np.log2(np.maximum(m, 2))), 1).astype(np.int64) + 1 if EXCHANGES & set(algorithms) else 2
+    return int(np.minimum(m * (m - 1), per * m).sum())
+
+
+def routing_work(cluster: Cluster, placement, op: Op, path: PricingPath, routed: set | None = None) -> int:
+    """Routing a schedule-priced call's transfers on ``placement`` (groups x ranks) the first time: the network
+    plug-in's ``pairs_work`` over :func:`routed_pairs` (a router network routes each node pair once, a Python pass
+    over its links: review r15c's 256-router torus, ``candidates: all``, charged 145x under its CPU); 0 for NCCL's
+    model and for networks routed vectorised (fat-trees: in the EVERY_* fit). ``routed``: the node groups a plan's
+    earlier calls routed all pairs of, as the network's path memo holds them."""
+    # the explorer's path lists no candidates: it prices every registered schedule (at every size, one routing)
+    algorithms = path.algorithms or (candidates(op, cluster, "all") if path.every else ())
+    if path.library or not algorithms or cluster.network.pairs_work(1) == 0:
+        return 0
+    nodes = np.unique(np.sort(cluster.node_of(np.asarray(placement)), axis=1), axis=0)
+    key = nodes.tobytes()
+    if routed is not None and key in routed:
+        return 0
+    if routed is not None and any((name, op) in ALL_PAIRS for name in algorithms):
+        routed.add(key)
+    return cluster.network.pairs_work(min(routed_pairs(op, nodes, algorithms), cluster.num_nodes**2))
+
+
 def contention_work(path: PricingPath, g: int, n: int) -> int:
     """The library pricer's contention pass over ``g`` groups of ``n`` ranks (memoised per placement)."""
     return CONTENTION_WEIGHT * g * n if path.library and n > 1 else 0
@@ -261,12 +314,18 @@ def call_work(op: Op, g: int, n: int, path: PricingPath, in_net: bool, placed: i
     return units + (classes * contention_work(path, g, n) if contend else 0)
 
 
-def price_estimate(op: Op, g: int, n: int, cluster: Cluster, algorithm: str, which: str, pricing: str) -> Estimate:
+def price_estimate(op: Op, g: int, n: int, cluster: Cluster, algorithm: str, which: str, pricing: str,
+                   placement=None) -> Estimate:  # fmt: skip
     """The estimate of pricing one call on ``g`` concurrent groups of ``n`` ranks (POST /v1/collectives/price):
-    the path ``price_call`` takes with these arguments, as a plan's call is charged."""
+    the path ``price_call`` takes with these arguments, as a plan's call is charged, with the routing of the
+    ``placement``'s node pairs on a router network (:func:`routing_work`; review r15c: a torus allreduce of 256
+    ranks, ``candidates: all``, 6.5 s of CPU charged 13.6 ms)."""
     path = pricing_path(op, n, cluster, algorithm, which, pricing)
     est = Estimate()
-    est.add(call_work(op, g, n, path, in_network(cluster.spec), g * n), f"{op.value}: {g} groups of {n} ranks")
+    units = call_work(op, g, n, path, in_network(cluster.spec), g * n)
+    if placement is not None:
+        units += routing_work(cluster, placement, op, path)
+    est.add(units, f"{op.value}: {g} groups of {n} ranks")
     return est
 
 
@@ -362,6 +421,7 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
     """The estimate's walk over the prepared ledger: (units, biggest, biggest_units, parts)."""
     layout, cluster = prepared.layout, prepared.cluster
     est, in_net, paths, contended, shared, seen = Estimate(), in_network(cluster_spec), {}, set(), [], set()
+    routed: set = set()  # node groups whose pairs the network's path memo holds (routing_work)
     _check_traffic(prepared.calls, prepared.ctx.training)
     pair = (cluster_spec, pricing_options(options))  # the price cache's prefix (plan.py _pricer)
     for c in prepared.calls:
@@ -386,6 +446,7 @@ def _walk(prepared: Prepared, cluster_spec: ClusterSpec, options: Options, call:
         first = (c.group, tuple(classes)) not in contended  # calls on the same groups share one contention pass
         contended.add((c.group, tuple(classes)))
         units = call_work(c.op, g, n, path, in_net, placed, len(classes), sizes, first, c.message_bytes)
+        units += routing_work(cluster, priced_on, c.op, path, routed)
         if call is None:  # what the price cache and the contention memo hold: one real entry per class's key
             # the estimate's classes (price_classes) split over the cache's keys (priced_keys, as many or fewer)
             per_key = len(classes) / max(len(keys), 1)
@@ -487,5 +548,7 @@ __all__ = [
     "plan_pricing_path",
     "price_estimate",
     "pricing_path",
+    "routed_pairs",
+    "routing_work",
     "schedule_work",
 ]

@@ -79,7 +79,8 @@ def _price(body: PriceRequest, settings) -> dict:
     placement = _placement(body, settings.max_price_transfers)
     check_router(spec, settings.max_router_pairs)
     cluster, op, (groups, n) = cluster_for(spec), coll.Op(body.op), placement.shape
-    refuse(price_estimate(op, groups, n, cluster, body.algorithm, body.candidates, body.pricing), settings.max_work, "")
+    est = price_estimate(op, groups, n, cluster, body.algorithm, body.candidates, body.pricing, placement)
+    refuse(est, settings.max_work, "")
     with relocated(fields=PRICE_FIELDS):
         p = price_call(
             op,

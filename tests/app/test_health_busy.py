@@ -11,13 +11,14 @@ from app.main import create_app
 from app.settings import Settings
 from tests.app.test_load import LARGE, SEARCH
 
-# a plan that routes a 1,000-router torus: it computes until its deadline (tests/app/test_load.py uses it too)
+# a plan that routes a 1,000-router torus: it computes until its deadline (tests/app/test_load.py uses it too); its
+# routing is charged 1.3e9 units (mend15d: a router network's node pairs), so the budgets are lifted below
 SLOW = LARGE | {"cluster": {"preset": "tpu-torus", "num_nodes": 1000}, "parallel": {"tp": 8, "pp": 5},
                 "workload": {"micro_batch_size": 1, "global_batch_size": 1000}}  # fmt: skip
 
 
 def test_searches_that_find_every_slot_busy_are_told_to_retry():
-    settings = Settings(work_slots=1, queue_s=0.3, deadline_s=6, max_router_pairs=1 << 40)
+    settings = Settings(work_slots=1, queue_s=0.3, deadline_s=6, max_router_pairs=1 << 40, max_work=1 << 40)
     app = create_app(settings)
 
     async def main():

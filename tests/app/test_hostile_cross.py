@@ -269,6 +269,23 @@ def test_the_cli_refuses_a_long_integer_as_the_service_does(tmp_path, capsys):
     assert f"{path}: workload.global_batch_size: an integer of 4,400 digits, longer than the 4,300 Python" in said
 
 
+def test_the_cli_names_a_long_yaml_integer_at_its_field_as_for_json(tmp_path, capsys):
+    """PyYAML's int constructor raised Python's bare ValueError ("Exceeds the limit (4300 digits) ... use
+    sys.set_int_max_str_digits()"), without the field (review r15c #5); `commplan sweep SPEC.yaml` reads it the same
+    way. Underscores are digits' separators in YAML 1.1 ints; a long digit run inside a string is no integer."""
+    path = tmp_path / "plan.yaml"
+    path.write_text(f"model: {{preset: llama3-8b}}\nparallel:\n  dp: 2\n  tp: {'1_' * 4400}1\n")
+    assert read_request(str(path)) is UNREADABLE
+    said = capsys.readouterr().err.strip()
+    why = "an integer of 4,401 digits, longer than the 4,300 Python converts (sys.int_info)"
+    assert said == f"commplan: {path}: parallel.tp: {why}"
+    path.write_text(f"items:\n  - {{a: 1}}\n  - [0, -{'5' * 4400}]\nname: '{'7' * 5000}'\n")
+    assert read_request(str(path)) is UNREADABLE
+    assert f"{path}: items.1.1: an integer of 4,400 digits, longer than the 4,300 Python" in capsys.readouterr().err
+    path.write_text(f"name: '{'7' * 5000}'\n")
+    assert read_request(str(path)) == {"name": "7" * 5000}
+
+
 BIG_ITERATION = {
     "model": LLAMA_8B,
     "workload": {"kind": "training", "global_batch_size": 1 << 24, "seq_length": 1 << 22},

@@ -332,7 +332,8 @@ def test_a_request_queues_at_the_compute_gate_over_http(gate):
                     "workload": {"micro_batch_size": 1, "global_batch_size": 1000}}  # fmt: skip
     took = {}
     for threads in (1, 2):
-        settings = {gate: threads, "work_slots": 4, "deadline_s": 3, "max_router_pairs": 1 << 40,
+        # its routing is charged 1.3e9 units (mend15d: a router network's node pairs): both budgets lifted
+        settings = {gate: threads, "work_slots": 4, "deadline_s": 3, "max_router_pairs": 1 << 40, "max_work": 1 << 40,
                     "work_in_process": int(gate == "worker_processes")}  # fmt: skip
         with serving(**settings) as (base, _), httpx.Client(base_url=base, timeout=30) as http:
             blocker = threading.Thread(target=lambda: httpx.post(base + "/v1/plan", json=slow, timeout=30))

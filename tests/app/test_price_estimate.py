@@ -3,6 +3,7 @@ the ``call_work`` a plan's call pays), and its answer is read off the Price by P
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -54,3 +55,28 @@ def test_price_answer_is_the_price_read_by_its_schema(api):
     assert answer["bottleneck_link"]["label"] == price.bottleneck["label"]
     assert (answer["time_s"], answer["bytes_sent_per_rank"]) == (price.time_s, price.bytes_sent_per_rank)
     assert answer["bytes_sent_per_rank"] == 2 * 15 * (1 << 20) // 16  # ring: 2(n-1)/n M
+
+
+def test_a_router_network_is_charged_routing_its_node_pairs():
+    """A router network routes each node pair once, a Python pass over its directed links (RouterNetwork.path):
+    ``pairs_work`` = pairs x (1,000 + 11 x links). The pairs: every ordered one where an all-pairs schedule is a
+    candidate (``candidates: all`` has direct), (log2 m + 1) m for a distance-doubling one, 2 m for a ring; a fat-tree
+    routes vectorised (nothing added). Review r15c: a 256-rank torus allreduce, 6.5 s of CPU, was charged 13.6 ms."""
+    torus = cluster_for(cluster_preset("tpu-torus", 64))
+    placement = np.arange(64).reshape(1, 64)
+    assert len(torus.network.links) == 384  # 4 x 4 x 4: 64 routers x 6 directed links
+
+    def added(cluster, algorithm, which):
+        alone = price_estimate(Op.ALLREDUCE, 1, 64, cluster, algorithm, which, "schedule")
+        return price_estimate(Op.ALLREDUCE, 1, 64, cluster, algorithm, which, "schedule", placement).units - alone.units
+
+    assert added(torus, "auto", "all") == 64 * 63 * (1_000 + 11 * 384)
+    assert added(torus, "halving_doubling", "library") == (6 + 1) * 64 * (1_000 + 11 * 384)
+    assert added(torus, "ring", "library") == 2 * 64 * (1_000 + 11 * 384)
+    assert added(cluster_for(cluster_preset("dgx-h100", 8)), "auto", "all") == 0
+    body = {"op": "allreduce", "message_bytes": 1 << 20, "ranks": list(range(64)), "candidates": "all",
+            "cluster": {"preset": "tpu-torus", "num_nodes": 64}}  # fmt: skip
+    refused = TestClient(create_app(Settings(max_work=64 * 63 * (1_000 + 11 * 384)))).post(
+        "/v1/collectives/price", json=body
+    )
+    assert refused.status_code == 422 and "COMMPLAN_MAX_WORK" in refused.text, refused.text

@@ -7,7 +7,8 @@ compares a network's name:
 - **rules** (``validate``, a class method): every rule the spec's ``network`` block must meet, with its
   numbers, raising CollectiveError naming the field (``network.dims``);
 - **work** (``work`` / ``work_rule``, class methods): the units the service's cost guard charges to build the
-  network's routing before any cluster exists (0: nothing beyond the pricing the guard already charges);
+  network's routing before any cluster exists (0: nothing beyond the pricing the guard already charges), and
+  ``pairs_work``: the units of routing node pairs for the first time (the schedule pricer's transfers);
 - **link table** (``families``): the network's own link families after the NICs, as
   (name, kind, count, capacity GB/s, latency s); ``attach`` names the vertex NIC i's up-link reaches, and
   ``endpoints`` the two vertices of the network's own link i of a family (as ``Cluster.graph`` names them);
@@ -60,6 +61,12 @@ class NetworkModel:
     def work_rule(cls, spec) -> str:
         """How ``work`` was counted, for a refusal: 'a torus of 1024 routers is routed by ...'."""
         return f"a {cls.name} of {spec.num_nodes} nodes costs {cls.work(spec):,} units to route"
+
+    def pairs_work(self, pairs: int) -> int:
+        """Work units of routing ``pairs`` distinct (source, destination) node pairs for the first time (``route``
+        over transfers between them, paths memoised per pair). 0: routed vectorised over the transfers, in the work
+        the cost guard already charges per rank (a fat-tree's levels, fitted on DGX H100: planner/estimate.py)."""
+        return 0
 
     # ---- the link table --------------------------------------------------------------------------------
     def families(self) -> Families:

@@ -5,7 +5,10 @@ its ``build_graph`` and its rules (``validate``, ``visit_weight``) in a module o
 
 Work (the cost guard, planner/estimate.py): routing runs a breadth-first search from each router a priced group
 touches, num_nodes^2 router visits in the worst case, times ``visit_weight`` (measured: torus 256 routers
-~1 s, hypercube 256 ~1.4 s, dragonfly 256 ~2.4 s; docs/hardening.md), against their own budget.
+~1 s, hypercube 256 ~1.4 s, dragonfly 256 ~2.4 s; docs/hardening.md), against their own budget. Each router pair
+a schedule's transfers meet is then routed once (``path``: a Python pass over every directed link, Brandes' shares):
+``pairs_work``, PAIR_WEIGHT + PAIR_LINK_WEIGHT x directed links a pair (mend15d; bench/every_work_cost.py
+--cluster tpu-torus, docs/search.md "Review r15c's findings (mend15d)").
 """
 
 from __future__ import annotations
@@ -32,6 +35,13 @@ class RouterNetwork(NetworkModel):
     fields = ("link_bandwidth_GBps", "switch_latency_s")
     capped_family = "router"
     visit_weight: ClassVar[int] = 1  # x num_nodes^2 router visits (module docstring)
+    # a router pair routed the first time (``path``: a Python pass over every directed link; ``route``'s per-pair
+    # loads), in the cost guard's ~15 ns units: least squares on relative error over 89 cold ``price_call(which="all")``
+    # runs on tpu-torus (8-256 routers), dragonfly and hypercube (8-128), one rank a router, 1-16 groups, CPU time,
+    # load 3-8 (bench/every_work_cost.py --cluster tpu-torus [--network ...], then --fit: 1,022 and 10.8; mend15d,
+    # docs/search.md "Review r15c's findings (mend15d)")
+    PAIR_WEIGHT: ClassVar[int] = 1_000
+    PAIR_LINK_WEIGHT: ClassVar[int] = 11
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -63,6 +73,9 @@ class RouterNetwork(NetworkModel):
             f"a {cls.name} of {n} routers is routed by a search from every router: "
             f"{cls.visit_weight} x {n}^2 = {cls.work(spec):,} router visits"
         )
+
+    def pairs_work(self, pairs: int) -> int:
+        return pairs * (self.PAIR_WEIGHT + self.PAIR_LINK_WEIGHT * len(self.links))
 
     def families(self) -> Families:
         net = self.network
