@@ -110,6 +110,7 @@ from .rules.tensor import (
     userbuffers_decoder_share,
     userbuffers_rows,
 )
+from .spread import job_pace, slowest, spread_share, stage_spread
 from .workload import selective_modules
 
 HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
@@ -266,6 +267,8 @@ class StepTime:
     timeline: list[dict] = field(default_factory=list)
     # what the plan should say about the pipeline's form for these passes (pipeline.caveats)
     warnings: list[str] = field(default_factory=list)
+    # the part of compute_s the slowest GPU adds over the median part the kernel tables hold (planner/spread.py)
+    spread_s: float = 0.0
 
 
 def schedule_of(
@@ -329,7 +332,8 @@ def step_time(
     check_gpu(gpu, compute_dtype(ctx), ctx)
     flags = overlap.resolved(ctx)
     paired = paired_passes(ctx, flags)
-    stages = [StageStep(s, stage_compute(ctx, s, gpu, paired=paired)) for s in range(ctx.par.pp)]
+    k = job_pace(ctx, gpu)  # the slowest GPU's pace (planner/spread.py)
+    stages = [StageStep(s, slowest(stage_compute(ctx, s, gpu, paired=paired), k)) for s in range(ctx.par.pp)]
     totals = _assign_calls(ctx, calls, stages, flags, gpu)
     if ctx.training and ctx.work.cpu_offloading_num_layers:
         for st in stages:
@@ -1265,6 +1269,7 @@ def _training(
         stages,
         events,
         caveats(passes, sched),
+        stage_spread(st.compute, job_pace(ctx, gpu), runs),
     )
 
 
@@ -1491,7 +1496,9 @@ def _inference(ctx: Context, stages: list[StageStep], sched: Schedule, gpu: GPUS
     w = ctx.work
     tokens = w.batch_size if w.phase == "decode" else w.batch_size * (w.context_length or ctx.model.seq_length)
     crit = max(range(len(stages)), key=lambda s: stages[s].forward_s)
-    return StepTime(t, compute, exposed, 0.0, _mfu(ctx, tokens, t, gpu), tokens / t, crit, stages, events)
+    k = job_pace(ctx, gpu)
+    spread = sum(spread_share(st.compute.forward, k) for st in stages)
+    return StepTime(t, compute, exposed, 0.0, _mfu(ctx, tokens, t, gpu), tokens / t, crit, stages, events, [], spread)
 
 
 def _mfu(ctx: Context, tokens: float, time_s: float, gpu: GPUSpec) -> float:

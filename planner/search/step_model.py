@@ -64,6 +64,7 @@ from ..params import _holding, alike_stages
 from ..pipeline import busiest_rank_s, by_order, in_flight_chunks, losses_in_flight, pipeline_time, schedule_traits
 from ..pipeline_jitter import order_spans
 from ..recompute import layer_counts
+from ..spread import job_pace, slowest
 from ..step import (
     Overlap,
     StageStep,
@@ -247,6 +248,7 @@ class _Variant:
         "floor_keys",
         "layer_key",
         "optimizer",
+        "pace",
         "paired",
         "par",
         "pass_id",
@@ -267,7 +269,8 @@ class _Variant:
         self.paired: bool | None = None
         self.pass_id: int | None = None
         self.optimizer: tuple = ()  # per stage: compute.optimizer_s
-        self.compute_id: int | None = None  # interned (passes, optimizer steps)
+        self.pace = 1.0  # spread.job_pace: the slowest GPU's pace over the layout's world (set with compute_id)
+        self.compute_id: int | None = None  # interned (passes, optimizer steps, pace)
         self.chunk_keys: tuple | None = None  # per stage: step.chunk_shares_key interned (None: every stage one chunk)
         self.chunks_id: int | None = None
         self.layer_key: int | None = None  # compute.layer_forward_key past the model and workload, interned
@@ -508,7 +511,8 @@ class StepModel:
                 for s in members:
                     optimizer[s] = found
             v.optimizer = tuple(optimizer)
-            v.compute_id = memos.intern(("compute", v.pass_id, v.optimizer))
+            v.pace = job_pace(ctx, self.gpu)  # the slowest GPU's pace over the layout's world (planner/spread.py)
+            v.compute_id = memos.intern(("compute", v.pass_id, v.optimizer, v.pace))
 
     def _paired(self, v: _Variant) -> bool:
         """step.paired_passes of the layout under the StepModel's overlap, once per layout (on _keys' context)."""
@@ -527,7 +531,7 @@ class StepModel:
         # recompute_s (the backward's re-run share, compute.stage_recompute_s) stays 0.0: only the timeline
         # draws it (step._pass_comm_events), which the search never builds; the step time and its bounds do
         # not read it, and the reported layouts are build_plan's own
-        return StageCompute(*part, v.optimizer[s])
+        return slowest(StageCompute(*part, v.optimizer[s]), v.pace)  # step.step_time's own pace
 
     # ---- bounds ----------------------------------------------------------------------------------------------
     def _shares(self, v: _Variant, b: int, rc: str) -> tuple | None:
