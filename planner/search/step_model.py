@@ -495,7 +495,9 @@ class StepModel:
             # the combined 1F1B pair (step.paired_passes) is part of the passes: the bounds read it as the step does
             self._paired(v)
             v.pass_keys = tuple(memos.intern(("pass", stage_pass_key(ctx, s)[2:], v.paired)) for s in range(v.par.pp))
-            v.pass_id = memos.intern(("passes", v.pass_keys))
+            v.pace = job_pace(ctx, self.gpu)  # the slowest GPU's pace over the layout's world (planner/spread.py)
+            # the passes' id carries the pace: every memo keyed on it (bounds, pipelines, shares) reads paced passes
+            v.pass_id = memos.intern(("passes", v.pass_keys, v.pace))
             first: dict = {}
             for s, k in enumerate(v.pass_keys):
                 first.setdefault(k, s)
@@ -510,9 +512,8 @@ class StepModel:
                     memos.put(memos.optimizer, key, found)
                 for s in members:
                     optimizer[s] = found
-            v.optimizer = tuple(optimizer)
-            v.pace = job_pace(ctx, self.gpu)  # the slowest GPU's pace over the layout's world (planner/spread.py)
-            v.compute_id = memos.intern(("compute", v.pass_id, v.optimizer, v.pace))
+            v.optimizer = tuple(o * v.pace for o in optimizer)  # at the pace, as slowest(StageCompute) has them
+            v.compute_id = memos.intern(("compute", v.pass_id, v.optimizer))
 
     def _paired(self, v: _Variant) -> bool:
         """step.paired_passes of the layout under the StepModel's overlap, once per layout (on _keys' context)."""
@@ -531,7 +532,8 @@ class StepModel:
         # recompute_s (the backward's re-run share, compute.stage_recompute_s) stays 0.0: only the timeline
         # draws it (step._pass_comm_events), which the search never builds; the step time and its bounds do
         # not read it, and the reported layouts are build_plan's own
-        return slowest(StageCompute(*part, v.optimizer[s]), v.pace)  # step.step_time's own pace
+        # step.step_time's own pace: slowest scales the passes; v.optimizer holds the paced steps (o x pace, as slowest)
+        return replace(slowest(StageCompute(*part, 0.0), v.pace), optimizer_s=v.optimizer[s])
 
     # ---- bounds ----------------------------------------------------------------------------------------------
     def _shares(self, v: _Variant, b: int, rc: str) -> tuple | None:
@@ -556,7 +558,7 @@ class StepModel:
         if found is None:
             ctx, out = self._ctx(v, b, rc), []
             for s, chunks in enumerate(v.chunk_keys):
-                part_key = ((b, rc), v.layer_key, comp[s].forward.total_s, chunks)
+                part_key = ((b, rc), v.layer_key, comp[s].forward.total_s, chunks, v.pace)  # shares read the pace
                 part = memos.shares.get(part_key)
                 if part is None:
                     part = memos.put(memos.shares, part_key, chunk_shares(ctx, StageStep(s, comp[s]), self.gpu))
