@@ -312,7 +312,8 @@ def test_equal_chunk_and_activation_keys_give_equal_values_across_stages_and_pip
 
     def share_key(ctx, stage):
         forward = stage_compute(ctx, stage, _GPU).forward.total_s
-        return layer_forward_key(ctx), forward, chunk_shares_key(ctx, stage)
+        # and the pace chunk_shares reads its layers at (planner/spread.py), as the search's shares key has it
+        return layer_forward_key(ctx), forward, chunk_shares_key(ctx, stage), job_pace(ctx, _GPU)
 
     def check(a, b, sa, sb):
         for i in range(a.par.pp):
