@@ -142,7 +142,8 @@ def test_torchtitan_rows_predicted():
     # the 8-GPU compile + Float8 row +1.0%; since dtype7's bf16 reduce-scatters under float8 TP and titan8's DTensor
     # copies and fused-op exposure the 70B 2D +6.0%, the 2025-06 70B float8 TP +3.3% and async TP +3.9% (sus12: fp8
     # GEMM time x 0.973, bf16 x 1.033: +0.8, +6.5, +3.7, +4.2% before)
-    assert sum(r["error"] < 0 for r in rows.values()) == 12
+    # spread15: 12 -> 10 too fast (8B FSDP eager -1.1% -> +0.9%, its 128-GPU Float8 row -2.7% -> +0.9%)
+    assert sum(r["error"] < 0 for r in rows.values()) == 10
     assert max(abs(r["error"]) for r in rows.values()) < 0.30  # the "no run more than 30% off"
 
 
@@ -285,7 +286,7 @@ def test_async_tp_splits_the_fused_gemms_by_rank():
     model, w = replace(model_preset("llama3-8b"), num_layers=4), WorkloadSpec(micro_batch_size=2, torch_compile=True)
     f, _, b = userbuffers_split(Context(model, w, ParallelSpec(tp=8, sequence_parallel=True)), False, H100)
     assert f > 0 and b > 0
-    assert megatron == pytest.approx(st.slow_fwd_s + st.slow_bwd_s + 4 * (f + b), rel=1e-9)
+    assert megatron == pytest.approx(st.slow_fwd_s + st.slow_bwd_s + 4 * (f + b) * PACE, rel=1e-9)
     assert st.slow_fwd_s > 0
 
 
