@@ -233,12 +233,13 @@ def _gpu(block, current: GPUSpec | None = None) -> GPUSpec:
             raise SpecError("cluster.gpu.peak_tflops", f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
     given = _present(block)
     limit = given.pop("power_limit_w", None)
+    variability = given.pop("variability", None)
     name = given.pop("preset", None)
     if name is not None:
         with relocated("cluster.gpu.preset"):
             base = gpu_preset(name)
     elif current is not None and not given:
-        base = current  # {"power_limit_w": W} alone: the preset cluster's GPU under that limit
+        base = current  # {"power_limit_w": W} and/or {"variability": x} alone: the preset cluster's GPU
     else:
         base = GPUSpec(
             block.name,
@@ -252,6 +253,8 @@ def _gpu(block, current: GPUSpec | None = None) -> GPUSpec:
         given = {k: v for k, v in given.items() if k in ("sms", "tdp_w", "min_power_w")}
     if given:
         base = replace(base, **given)
+    if variability is not None:  # bounds: the schema's (VARIABILITY_RANGE)
+        base = replace(base, variability=variability)
     with relocated():  # its field is cluster.gpu.power_limit_w
         return with_power_limit(base, limit)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from collectives.topology.gpu import GPU_VARIABILITY
 from collectives.topology.spec import ClusterSpec
 
 from .context import Context
@@ -27,6 +28,7 @@ from .kernels import (
 from .parallel import DEFAULT_ORDER, format_layout, pipeline_chunks
 from .pipeline import Schedule
 from .pipeline_jitter import method, order_method
+from .spread import pace
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
     if cluster.gpu is not None:
         kernel = attention_kernel(ctx, cluster.gpu)
         add(Assumption("workload.attention_kernel", kernel, _attention_source(ctx, by)))
+        add(_variability_row(ctx, cluster.gpu.variability))
     add(Assumption("workload.cuda_graphs", _onoff(bool(work.cuda_graphs)), by + ": no CUDA graphs"))
     add(Assumption("workload.torch_compile", _onoff(bool(work.torch_compile)), by + ": eager"))
     if work.training:
@@ -94,6 +97,17 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
     add(Assumption("options.nccl_algo", options.nccl_algo, "NCCL_ALGO unset: NCCL picks per call"))
     add(Assumption("options.nccl_proto", options.nccl_proto, "NCCL_PROTO unset: NCCL picks per call"))
     return rows
+
+
+def _variability_row(ctx: Context, sigma: float) -> Assumption:
+    """cluster.gpu.variability as the step prices it (planner/spread.py): the sigma and the slowest-of-N pace."""
+    n = ctx.par.world_size
+    value = f"{sigma:.2%} sigma; the slowest of {n:,} GPUs: +{pace(sigma, n) - 1:.2%} GPU-bound time"
+    what = (
+        f"{COMMPLAN}: {GPU_VARIABILITY:.2%} = Sinha et al. SC'22's 8% average spread (4·IQR / median, V100 and MI60 "
+        "fleets) / (4 x 1.349); 0 turns it off"
+    )
+    return Assumption("cluster.gpu.variability", value, what)
 
 
 def _userbuffers_rows(ctx: Context, overlapped: bool, by: str) -> list[Assumption]:

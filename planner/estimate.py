@@ -252,9 +252,11 @@ def every_work(op: Op, n: int, g: int, algorithms: tuple[str, ...], message: int
 # The schedules whose transfers join every pair of a group's ranks: the direct ("mesh") reduce-scatter, all-gather,
 # allreduce and all-to-all and the hierarchical all-to-all (collectives/algorithms/direct.py, alltoall.py,
 # hierarchical.py: ``StepClass.every_pair``), and the quadratic all-to-alls that list them (explore.QUADRATIC)
-ALL_PAIRS = QUADRATIC | {("direct", op) for op in (Op.REDUCESCATTER, Op.ALLGATHER, Op.ALLREDUCE, Op.ALLTOALL)} | {
-    ("hierarchical", Op.ALLTOALL)
-}
+ALL_PAIRS = (
+    QUADRATIC
+    | {("direct", op) for op in (Op.REDUCESCATTER, Op.ALLGATHER, Op.ALLREDUCE, Op.ALLTOALL)}
+    | {("hierarchical", Op.ALLTOALL)}
+)
 # The schedules that pair rank i with i +- 2^k, k < log2 n (collectives/algorithms/halving_doubling.py,
 # recursive_doubling.py, bruck.py, swing.py): n log2 n pairs; the others (rings, trees, a root's sends) ~2 n
 EXCHANGES = frozenset({"halving_doubling", "recursive_doubling", "bruck", "swing"})

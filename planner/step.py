@@ -110,6 +110,7 @@ from .rules.tensor import (
     userbuffers_decoder_share,
     userbuffers_rows,
 )
+from .spread import job_pace, slowest, slowest_pass, spread_share, stage_spread
 from .workload import selective_modules
 
 HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
@@ -266,6 +267,8 @@ class StepTime:
     timeline: list[dict] = field(default_factory=list)
     # what the plan should say about the pipeline's form for these passes (pipeline.caveats)
     warnings: list[str] = field(default_factory=list)
+    # the part of compute_s the slowest GPU adds over the median part the kernel tables hold (planner/spread.py)
+    spread_s: float = 0.0
 
 
 def schedule_of(
@@ -329,7 +332,8 @@ def step_time(
     check_gpu(gpu, compute_dtype(ctx), ctx)
     flags = overlap.resolved(ctx)
     paired = paired_passes(ctx, flags)
-    stages = [StageStep(s, stage_compute(ctx, s, gpu, paired=paired)) for s in range(ctx.par.pp)]
+    k = job_pace(ctx, gpu)  # the slowest GPU's pace (planner/spread.py)
+    stages = [StageStep(s, slowest(stage_compute(ctx, s, gpu, paired=paired), k)) for s in range(ctx.par.pp)]
     totals = _assign_calls(ctx, calls, stages, flags, gpu)
     if ctx.training and ctx.work.cpu_offloading_num_layers:
         for st in stages:
@@ -938,13 +942,13 @@ def _fsdp_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gp
             extra.append(
                 fsdp_copy_kernels(gathered, gathers, reduced, reduces, ctx.param_bytes, ctx.grad_bytes, gpu, eff)
             )
-        _into_passes(st, *extra)
+        _into_passes(st, *extra, job_pace(ctx, gpu))
 
 
-def _into_passes(st: StageStep, forward: Sequence, backward: Sequence) -> None:
+def _into_passes(st: StageStep, forward: Sequence, backward: Sequence, pace: float) -> None:
     """Adds a stage's per-micro-batch memory-bound kernels on the compute stream (the FSDP2 and SP copies) into its
-    forward and backward passes."""
-    fwd, bwd = (PassTime(elementwise_s=sum(k.time_s for k in ks)) for ks in (forward, backward))
+    forward and backward passes, at the slowest GPU's ``pace`` as the stage's own kernels (spread.job_pace)."""
+    fwd, bwd = (PassTime(elementwise_s=pace * sum(k.time_s for k in ks)) for ks in (forward, backward))
     if fwd.elementwise_s or bwd.elementwise_s:
         c = st.compute
         st.compute = replace(c, forward=c.forward + fwd, backward=c.backward + bwd)
@@ -986,7 +990,7 @@ def _sp_layout_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep
                 nbytes, copies = _strided_reads(ctx, totals, i, gpu)
                 sums["allgather"] = [sums["allgather"][0] + nbytes, sums["allgather"][1] + copies]
             extra.append(sp_layout_copy_kernels(*sums["allgather"], *sums["reducescatter"], gpu, eff))
-        _into_passes(st, *extra)
+        _into_passes(st, *extra, job_pace(ctx, gpu))
 
 
 def _strided_reads(ctx: Context, totals: StreamTotals, i: int, gpu: GPUSpec) -> tuple[float, float]:
@@ -1043,7 +1047,7 @@ def _split_gemms(ctx: Context, stages: list[StageStep], gpu: GPUSpec, split) -> 
     Per micro-batch, into each stage's passes, for every layer; a fully recomputed layer adds the share of what its
     re-run runs (kernels.full_rerun). Left out without ``gpu``, as the FSDP2 copies are (the search's lower
     bounds)."""
-    eff = efficiency(gpu, None)
+    eff, k = efficiency(gpu, None), job_pace(ctx, gpu)  # the pieces at the slowest GPU's pace, as the layer's GEMMs
     for st in stages:
         fwd, bwd = PassTime(), PassTime()
         for (moe, plan), count in layer_counts(ctx, st.stage).items():
@@ -1055,7 +1059,7 @@ def _split_gemms(ctx: Context, stages: list[StageStep], gpu: GPUSpec, split) -> 
                 redo = PassTime(gemm_s=r_gemm, elementwise_s=r_mem)
             bwd = bwd + (PassTime(gemm_s=b_gemm) + redo).scaled(count)
         c = st.compute
-        st.compute = replace(c, forward=c.forward + fwd, backward=c.backward + bwd)
+        st.compute = replace(c, forward=c.forward + slowest_pass(fwd, k), backward=c.backward + slowest_pass(bwd, k))
 
 
 def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap, gpu: GPUSpec) -> StreamTotals:
@@ -1265,6 +1269,7 @@ def _training(
         stages,
         events,
         caveats(passes, sched),
+        stage_spread(st.compute, job_pace(ctx, gpu), runs),
     )
 
 
@@ -1309,13 +1314,14 @@ def chunk_shares(ctx: Context, st: StageStep, gpu: GPUSpec) -> list[float] | Non
     if len(chunks) == 1:
         return None
     kinds = ctx.chunk_kinds[st.stage]
-    per_layer = {moe: layer_forward(ctx, moe, gpu)[0].total_s for moe in set().union(*kinds)}
+    k = job_pace(ctx, gpu)  # the layers and the embedding at the pace the stage's forward runs (planner/spread.py)
+    per_layer = {moe: slowest_pass(layer_forward(ctx, moe, gpu)[0], k).total_s for moe in set().union(*kinds)}
     sums: dict = {}  # chunks of the same layer kinds take the same time
     for ks in kinds:
         if ks not in sums:
             sums[ks] = sum(per_layer[k] for k in ks)
     times = [sums[ks] for ks in kinds]
-    embed = embedding_pass(ctx, gpu)[0].total_s if ctx.training and ctx.is_first(st.stage) else 0.0
+    embed = slowest_pass(embedding_pass(ctx, gpu)[0], k).total_s if ctx.training and ctx.is_first(st.stage) else 0.0
     head = max(0.0, st.compute.forward.total_s - sum(times) - embed)  # the LM head and loss, where the loss is
     ends = ((head if c.loss else 0.0) + (embed if c.embedding else 0.0) for c in chunks)
     times = [t + e for t, e in zip(times, ends, strict=True)]
@@ -1491,7 +1497,9 @@ def _inference(ctx: Context, stages: list[StageStep], sched: Schedule, gpu: GPUS
     w = ctx.work
     tokens = w.batch_size if w.phase == "decode" else w.batch_size * (w.context_length or ctx.model.seq_length)
     crit = max(range(len(stages)), key=lambda s: stages[s].forward_s)
-    return StepTime(t, compute, exposed, 0.0, _mfu(ctx, tokens, t, gpu), tokens / t, crit, stages, events)
+    k = job_pace(ctx, gpu)
+    spread = sum(spread_share(st.compute.forward, k) for st in stages)
+    return StepTime(t, compute, exposed, 0.0, _mfu(ctx, tokens, t, gpu), tokens / t, crit, stages, events, [], spread)
 
 
 def _mfu(ctx: Context, tokens: float, time_s: float, gpu: GPUSpec) -> float:

@@ -7,6 +7,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, Field
 
 from collectives.topology import fabrics, networks
+from collectives.topology.gpu import GPU_VARIABILITY, VARIABILITY_RANGE
 from planner._errors import got
 from planner.kernels import ATTENTION_CEILING_KEYS, GEMM_DTYPES, KERNEL_CONSTANTS
 
@@ -94,6 +95,16 @@ class GPUIn(Strict):
         10000,
         "configured power limit (nvidia-smi -pl), W; within min_power_w..tdp_w; lowers the sustained "
         "tensor-core clock (gpu.py clock_scale). Alone, it applies to the cluster preset's GPU",
+    )
+    variability: float | None = Field(
+        default=None,
+        ge=VARIABILITY_RANGE[0],
+        le=VARIABILITY_RANGE[1],
+        description=f"GPU-to-GPU spread of sustained throughput, a robust sigma as a fraction of the median part's "
+        f"time; within [{VARIABILITY_RANGE[0]:g}, {VARIABILITY_RANGE[1]:g}]; absent: {GPU_VARIABILITY:g} (Sinha et "
+        "al. SC'22's 8% average 4·IQR / median spread, / (4 x 1.349)); 0 turns it off. A synchronous job runs at "
+        "its slowest GPU's pace: sigma x E[max of N normals] of its GPU-bound time. Alone, it applies to the "
+        "cluster preset's GPU",
     )
 
 

@@ -634,6 +634,11 @@ class StepSummaryOut(Out):
     mfu: float = Field(description="model FLOPs (6N + 12·L·H·Q·T per token, PaLM / Llama 3) / (time x peak)")
     tokens_per_s: float
     critical_stage: int
+    spread_s: float = Field(
+        default=0.0,
+        description="the part of compute_s the slowest GPU adds over the median part (cluster.gpu.variability; "
+        "planner/spread.py): sigma x E[max of N normals] of the GPU-bound time, N the plan's GPUs",
+    )
 
 
 class StepOut(StepSummaryOut):

@@ -16,6 +16,9 @@ None = the default). Under a lower limit the tensor cores run at a lower sustain
 ``gemm_table``: GEMM ceilings fitted on this part's own measured GEMM table (MeasuredGemm, with its source); None =
 the generation's (planner/kernels.py GEMM_CEILING).
 ``kernel_constants``: what a profiler trace fitted for this GPU (the planner's kernel model reads them).
+``variability``: the GPU-to-GPU spread of sustained throughput among parts of one SKU, a robust standard deviation as
+a fraction of the median part's time (GPU_VARIABILITY; 0: every part alike); the planner's step time reads it
+(planner/spread.py: a synchronous job runs at the pace of its slowest GPU).
 ``host_cpu``: the CPU of the node the GPU sits in (spec.CPU_VENDORS: intel, amd, arm), which launches its kernels;
 the cluster sets it from its ``cpu_vendor`` (spec.ClusterSpec), the planner's host costs read it
 (planner/kernels.py HOST_CPUS).
@@ -36,6 +39,31 @@ DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 # CMOS VLSI Design §5.2). A hand-set global constant (idle boards draw ~10% of TDP, nvidia-smi; static power under
 # load is higher); a profiler trace at two power limits refits it.
 STATIC_POWER_FRACTION = 0.2
+
+# GPU-to-GPU variability (spread15). Sinha, Guliani, Jain, Tran, Sinclair, Venkataraman, "Not All GPUs Are Created
+# Equal: Characterizing Variability in Large-Scale, Accelerator-Rich Systems", SC'22 (arXiv 2208.11035v3, abstract):
+# over more than 90% of the GPUs of Summit, Vortex, Frontera, Longhorn (V100) and Corona (MI60), SGEMM, ResNet-50,
+# BERT, LAMMPS and PageRank, "8% (max 22%) average performance variation", outliers up to 1.5x the median. Their
+# "variation" is the span of a box plot's whiskers over the median: the artifact's plot_script/plot_aggregated.py
+# (hal-uw/gpu_variability_sc22_artifact at bc84e72e77) computes `range = q3 + 1.5 * iqr - (q1 - 1.5 * iqr)`,
+# `percent_variability = range/q2 * 100`, i.e. 4·IQR / median. A normal's IQR is 2·Φ⁻¹(0.75)·σ = 1.349σ, so the
+# robust σ = variation / (4 x 1.349): the quartiles' σ, which the 1.5x outliers (broken parts operators drain) do not
+# move, where a sample standard deviation would follow them. From the 8% average: 1.48% of the median part's time.
+# One global figure: the fleets measured are V100 and MI60; no per-GPU quartiles of an A100/H100/B200 fleet were found
+# (docs/step-time.md "The slowest GPU sets the pace (spread15)"), so every generation takes it.
+VARIATION_AVERAGE = 0.08  # Sinha et al. SC'22, average over clusters and applications: 4·IQR / median
+VARIATION_MAX = 0.22  # the same, the largest (cluster, application)
+WHISKER_SPAN_IQR = 4.0  # (Q3 + 1.5 IQR) - (Q1 - 1.5 IQR) = 4 IQR (the artifact's percent_variability)
+NORMAL_IQR_SIGMAS = 1.3489795003921634  # 2·Φ⁻¹(0.75): a normal's IQR in standard deviations
+VARIABILITY_RANGE = (0.0, 0.2)  # an input's bounds (cluster.gpu.variability): 0 turns it off; 0.2 is 3x the max
+
+
+def sigma_from_variation(variation: float) -> float:
+    """A robust σ (a fraction of the median) from Sinha et al.'s variation, 4·IQR / median: IQR / 1.349."""
+    return variation / (WHISKER_SPAN_IQR * NORMAL_IQR_SIGMAS)
+
+
+GPU_VARIABILITY = round(sigma_from_variation(VARIATION_AVERAGE), 4)  # 0.0148
 
 
 @dataclass(frozen=True)
@@ -83,6 +111,8 @@ class GPUSpec:
     sustained_clock: SustainedClock | None = None
     # GEMM ceilings fitted on this part's own measured table; None = its generation's (the module docstring)
     gemm_table: MeasuredGemm | None = None
+    # GPU-to-GPU spread of sustained throughput (a robust σ, a fraction of the median part's time; GPU_VARIABILITY)
+    variability: float = GPU_VARIABILITY
 
     def clock_scale(self) -> float:
         """Sustained tensor-core clock at ``power_limit_w`` as a fraction of the clock at the default limit:
@@ -107,7 +137,8 @@ class GPUSpec:
 
 def _gpu_hash(gpu: GPUSpec) -> int:
     fields = (gpu.name, tuple(sorted(gpu.peak_tflops.items())), gpu.hbm_bytes, gpu.hbm_GBps, gpu.sm, gpu.sms)
-    return hash((*fields, gpu.power_limit_w, gpu.kernel_constants, gpu.host_cpu, gpu.sustained_clock, gpu.gemm_table))
+    rest = (gpu.power_limit_w, gpu.kernel_constants, gpu.host_cpu, gpu.sustained_clock, gpu.gemm_table, gpu.variability)
+    return hash((*fields, *rest))
 
 
 def _gpu(name, bf16, fp8, tf32, fp32, hbm_bytes, hbm_GBps, sm, links, source, power=(0, 0, 0), fp4=0.0):

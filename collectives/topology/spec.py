@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields, replace
 from .._errors import CollectiveError
 from .._hashing import frozen_hash
 from .fabrics import fabric_type
-from .gpu import GPUSpec, measured_preset, nested_constants
+from .gpu import GPU_VARIABILITY, GPUSpec, measured_preset, nested_constants
 from .networks import network_type
 
 NETWORK_KINDS = ("ib", "roce", "efa", "efa_sendrecv", "tcpx", "tcpxo")  # per-hop latency: library/calibration.py
@@ -145,6 +145,8 @@ def spec_block(spec: ClusterSpec) -> dict:
             "nvlink_links": g.nvlink_links,
         }
         block["gpu"] |= {k: v for k in ("sms", "tdp_w", "min_power_w", "power_limit_w") if (v := getattr(g, k))}
+        if g.variability != GPU_VARIABILITY:  # the default is left out (a block without it rebuilds the default)
+            block["gpu"]["variability"] = g.variability
         if preset := measured_preset(g):  # the measured clock no field carries (gpu.py GPUSpec.sustained_clock)
             block["gpu"]["preset"] = preset
     if spec.nccl_env != NcclEnv():

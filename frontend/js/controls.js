@@ -105,6 +105,7 @@ export const GROUPS = [
   ["Cluster: GPU", [
     ["cluster.gpu.preset", "GPU", "text", "e.g. h200-sxm-141gb", "the preset's"],
     ["cluster.gpu.power_limit_w", "Power limit (W)", "float", null, "the TDP"],
+    ["cluster.gpu.variability", "GPU-to-GPU spread (sigma, 0 = off)", "float", null, "0.0148 (Sinha et al. SC'22)"],
     ["cluster.gpu.name", "Name (custom GPU)", "text", "custom", "the GPU's"],
     ["cluster.gpu.peak_tflops.bf16", "bf16 dense TFLOP/s", "float", null, "the GPU's"],
     ["cluster.gpu.peak_tflops.fp8", "fp8 dense TFLOP/s", "float", null, "the GPU's"],

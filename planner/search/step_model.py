@@ -65,6 +65,7 @@ from ..params import _holding, alike_stages
 from ..pipeline import busiest_rank_s, by_order, in_flight_chunks, losses_in_flight, pipeline_time, schedule_traits
 from ..pipeline_jitter import order_spans
 from ..recompute import layer_counts
+from ..spread import job_pace, slowest
 from ..step import (
     Overlap,
     StageStep,
@@ -253,6 +254,7 @@ class _Variant:
         "floor_keys",
         "layer_key",
         "optimizer",
+        "pace",
         "paired",
         "par",
         "pass_id",
@@ -273,7 +275,8 @@ class _Variant:
         self.paired: bool | None = None
         self.pass_id: int | None = None
         self.optimizer: tuple = ()  # per stage: compute.optimizer_s
-        self.compute_id: int | None = None  # interned (passes, optimizer steps)
+        self.pace = 1.0  # spread.job_pace: the slowest GPU's pace over the layout's world (set with compute_id)
+        self.compute_id: int | None = None  # interned (passes, optimizer steps, pace)
         self.chunk_keys: tuple | None = None  # per stage: step.chunk_shares_key interned (None: every stage one chunk)
         self.chunks_id: int | None = None
         self.layer_key: int | None = None  # compute.layer_forward_key past the model and workload, interned
@@ -499,7 +502,9 @@ class StepModel:
             # the combined 1F1B pair (step.paired_passes) is part of the passes: the bounds read it as the step does
             self._paired(v)
             v.pass_keys = tuple(memos.intern(("pass", stage_pass_key(ctx, s)[2:], v.paired)) for s in range(v.par.pp))
-            v.pass_id = memos.intern(("passes", v.pass_keys))
+            v.pace = job_pace(ctx, self.gpu)  # the slowest GPU's pace over the layout's world (planner/spread.py)
+            # the passes' id carries the pace: every memo keyed on it (bounds, pipelines, shares) reads paced passes
+            v.pass_id = memos.intern(("passes", v.pass_keys, v.pace))
             first: dict = {}
             for s, k in enumerate(v.pass_keys):
                 first.setdefault(k, s)
@@ -514,7 +519,7 @@ class StepModel:
                     memos.put(memos.optimizer, key, found)
                 for s in members:
                     optimizer[s] = found
-            v.optimizer = tuple(optimizer)
+            v.optimizer = tuple(o * v.pace for o in optimizer)  # at the pace, as slowest(StageCompute) has them
             v.compute_id = memos.intern(("compute", v.pass_id, v.optimizer))
 
     def _paired(self, v: _Variant) -> bool:
@@ -534,7 +539,8 @@ class StepModel:
         # recompute_s (the backward's re-run share, compute.stage_recompute_s) stays 0.0: only the timeline
         # draws it (step._pass_comm_events), which the search never builds; the step time and its bounds do
         # not read it, and the reported layouts are build_plan's own
-        return StageCompute(*part, v.optimizer[s])
+        # step.step_time's own pace: slowest scales the passes; v.optimizer holds the paced steps (o x pace, as slowest)
+        return replace(slowest(StageCompute(*part, 0.0), v.pace), optimizer_s=v.optimizer[s])
 
     # ---- bounds ----------------------------------------------------------------------------------------------
     def _shares(self, v: _Variant, b: int, rc: str) -> tuple | None:
@@ -559,7 +565,7 @@ class StepModel:
         if found is None:
             ctx, out = self._ctx(v, b, rc), []
             for s, chunks in enumerate(v.chunk_keys):
-                part_key = ((b, rc), v.layer_key, comp[s].forward.total_s, chunks)
+                part_key = ((b, rc), v.layer_key, comp[s].forward.total_s, chunks, v.pace)  # shares read the pace
                 part = memos.shares.get(part_key)
                 if part is None:
                     part = memos.put(memos.shares, part_key, chunk_shares(ctx, StageStep(s, comp[s]), self.gpu))

@@ -80,6 +80,7 @@ def test_a_torus_candidates_all_plan_is_charged_its_routing():
     reduce-scatter route every one of the 256 x 255 router pairs once (the network's path memo), a Python pass over
     the torus's 512 directed links each: 65,280 x (1,000 + 11 x 512) units; the plan is now over the budget (a 422
     naming the all-gather) where its 64-router one (0.45 s measured) is admitted within the band."""
+
     def request(nodes):
         return {
             "model": {"preset": "llama3-8b"},

@@ -12,6 +12,7 @@ from app.settings import Settings
 from planner import Context
 from planner.compute import stage_compute
 from planner.kernels import EFFICIENCY
+from planner.spread import job_pace, slowest
 
 PLAN = {
     "model": {"preset": "llama3-8b"},
@@ -42,8 +43,9 @@ def test_a_gemm_ceiling_moves_the_gemms_and_only_them(api):
     after = ok(api.post("/v1/plan", json=with_kernels(PLAN, HALF)))["step"]["compute_s"]
     model, work, par, cluster, _ = plan_inputs(PlanRequest.model_validate(PLAN), Settings())
     ctx = Context(model, work, par)
-    default = stage_compute(ctx, 0, cluster.gpu, EFFICIENCY)
-    halved = stage_compute(ctx, 0, cluster.gpu, replace(EFFICIENCY, gemm_ceilings=(("bf16", 0.43),)))
+    k = job_pace(ctx, cluster.gpu)  # the plan's compute at the slowest of its 8 GPUs' pace (spread15)
+    default = slowest(stage_compute(ctx, 0, cluster.gpu, EFFICIENCY), k)
+    halved = slowest(stage_compute(ctx, 0, cluster.gpu, replace(EFFICIENCY, gemm_ceilings=(("bf16", 0.43),))), k)
     gemm = default.forward.gemm_s + default.backward.gemm_s
     assert (halved.forward.gemm_s + halved.backward.gemm_s) / gemm == pytest.approx(2.0, abs=0.005)
     assert halved.optimizer_s == default.optimizer_s and halved.forward.attention_s == default.forward.attention_s

@@ -23,6 +23,7 @@ from planner.search.evaluate import data_template, screen_shapes, space_of, time
 from planner.search.prices import Pricer, shared_curves
 from planner.search.space import MEMORY
 from planner.search.step_model import StepModel
+from planner.spread import job_pace, slowest
 from planner.step import Overlap, StageStep, critical_path, schedule_of
 
 DEVICES = 256
@@ -85,9 +86,9 @@ def test_data_rule_reads_cp_and_dp_only_as_their_product():
 
 def test_stage_parts_shared_across_shapes_equal_compute_and_memory():
     """Per-stage compute and activations memoised across shapes (different pp, dp, uneven ends, schedules)
-    equal compute.stage_compute and memory.stage_activation_bytes bit for bit, but for the backward's
-    recompute share (``recompute_s``), which the search leaves at 0.0: only the timeline draws it, and the
-    step's critical path is the same bit for bit without it."""
+    equal compute.stage_compute at the layout's pace (spread.slowest) and memory.stage_activation_bytes bit for
+    bit, but for the backward's recompute share (``recompute_s``), which the search leaves at 0.0: only the
+    timeline draws it, and the step's critical path is the same bit for bit without it."""
     model = MODEL_PRESETS["llama3-405b"]
     cluster = cluster_for(cluster_preset("dgx-h100", 32))
     work = WorkloadSpec(global_batch_size=512)
@@ -101,7 +102,9 @@ def test_stage_parts_shared_across_shapes_equal_compute_and_memory():
         sm = StepModel(model, work, cluster)  # a fresh model per shape, as the search builds them
         for b, rc in ((1, "none"), (2, "selective"), (1, "full")):
             ctx = Context(model, replace(work, micro_batch_size=b, activation_recompute=rc), par)
-            exact = [stage_compute(ctx, s, cluster.spec.gpu) for s in range(par.pp)]
+            # as step.step_time has them: at the slowest of the layout's GPUs' pace (planner/spread.py, spread15)
+            k = job_pace(ctx, cluster.spec.gpu)
+            exact = [slowest(stage_compute(ctx, s, cluster.spec.gpu), k) for s in range(par.pp)]
             unread = [replace(c, recompute_s=0.0) for c in exact]
             assert sm._stage_compute(par, b, rc) == unread
             sched = schedule_of(ctx)
@@ -309,7 +312,8 @@ def test_equal_chunk_and_activation_keys_give_equal_values_across_stages_and_pip
 
     def share_key(ctx, stage):
         forward = stage_compute(ctx, stage, _GPU).forward.total_s
-        return layer_forward_key(ctx), forward, chunk_shares_key(ctx, stage)
+        # and the pace chunk_shares reads its layers at (planner/spread.py), as the search's shares key has it
+        return layer_forward_key(ctx), forward, chunk_shares_key(ctx, stage), job_pace(ctx, _GPU)
 
     def check(a, b, sa, sb):
         for i in range(a.par.pp):

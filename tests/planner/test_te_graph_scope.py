@@ -229,12 +229,14 @@ def test_the_re_entered_rows_errors():
     names = ("GPT-OSS-120B BF16, 64 B200", "GPT-OSS-120B BF16, 64 H100", "GPT-OSS-120B BF16, 64 GB200",
              "Qwen3-30B-A3B FP8-CS, 16 H100", "Qwen3-30B-A3B MXFP8, 8 B200")  # fmt: skip
     errors = {n: step_validation.predict(CASES[f"Megatron-Bridge {n}"], DATA)["error"] for n in names}
+    # spread15 (merged after mend15c): every step at the pace of its slowest GPU (planner/spread.py): -8.3 -> -6.9,
+    # -8.7 -> -6.0, -12.0 -> -9.2, +11.0 -> +12.3, +11.2 -> +12.1
     assert {n: round(e, 3) for n, e in errors.items()} == {
-        "GPT-OSS-120B BF16, 64 B200": -0.083,
-        "GPT-OSS-120B BF16, 64 H100": -0.087,
-        "GPT-OSS-120B BF16, 64 GB200": -0.120,
-        "Qwen3-30B-A3B FP8-CS, 16 H100": 0.110,
-        "Qwen3-30B-A3B MXFP8, 8 B200": 0.112,
+        "GPT-OSS-120B BF16, 64 B200": -0.069,
+        "GPT-OSS-120B BF16, 64 H100": -0.060,
+        "GPT-OSS-120B BF16, 64 GB200": -0.092,
+        "Qwen3-30B-A3B FP8-CS, 16 H100": 0.123,
+        "Qwen3-30B-A3B MXFP8, 8 B200": 0.121,
     }
 
 

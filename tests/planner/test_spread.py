@@ -1,0 +1,116 @@
+"""The slowest GPU sets the pace (planner/spread.py, spread15): the order statistic's closed forms, the sourced sigma
+from its transcription, and the step: it grows with the GPUs at fixed per-GPU work, 0 turns it off exactly, the
+search and serving read the same pace."""
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from statistics import NormalDist
+
+import pytest
+
+from collectives.topology import cluster_preset
+from collectives.topology.gpu import (
+    GPU_VARIABILITY,
+    NORMAL_IQR_SIGMAS,
+    WHISKER_SPAN_IQR,
+    sigma_from_variation,
+)
+from planner import Context, ParallelSpec, WorkloadSpec, build_plan, model_preset
+from planner.compute import stage_compute
+from planner.spread import expected_max_normal, pace, slowest
+
+REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "variability" / "sinha_sc22.json"
+SQRT_PI = math.sqrt(math.pi)
+
+
+def test_order_statistic_closed_forms():
+    # E[max of n] of standard normals: n = 2, 3 and 4 in closed form (David & Nagaraja, Order Statistics, 3rd ed.,
+    # ex. 3.2.5: 1/sqrt(pi), 3/(2 sqrt(pi)), 3/sqrt(pi) (1/2 + arcsin(1/3)/pi))
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / SQRT_PI, abs=1e-12)
+    assert expected_max_normal(3) == pytest.approx(1.5 / SQRT_PI, abs=1e-12)
+    assert expected_max_normal(4) == pytest.approx(3 / SQRT_PI * (0.5 + math.asin(1 / 3) / math.pi), abs=1e-12)
+
+
+def test_order_statistic_tables_and_growth():
+    # Harter's tables (1961) of expected normal order statistics: n = 10, 100 -> 1.53875, 2.50759
+    assert expected_max_normal(10) == pytest.approx(1.53875, abs=1e-5)
+    assert expected_max_normal(100) == pytest.approx(2.50759, abs=1e-5)
+    values = [expected_max_normal(n) for n in (2, 8, 64, 512, 4096, 32768)]
+    assert values == sorted(values) and len(set(values)) == len(values)
+    # sqrt(2 ln n) bounds it from above (the maximum of n sub-Gaussian variables)
+    for n in (64, 4096, 32768):
+        assert expected_max_normal(n) < math.sqrt(2 * math.log(n))
+    with pytest.raises(ValueError):
+        expected_max_normal(0)
+
+
+def test_sigma_from_the_transcribed_variation():
+    ref = json.loads(REFERENCE.read_text())
+    # the artifact's percent_variability: (Q3 + 1.5 IQR) - (Q1 - 1.5 IQR) = 4 IQR over the median
+    assert WHISKER_SPAN_IQR == 4.0 and "range = q3 + 1.5 * iqr - (q1 - 1.5 * iqr)" in ref["definition"]["lines"]
+    assert abs(NORMAL_IQR_SIGMAS - 2 * NormalDist().inv_cdf(0.75)) < 1e-12
+    assert sigma_from_variation(ref["variation_average"]) == pytest.approx(0.08 / (4 * 1.3489795), rel=1e-6)
+    assert GPU_VARIABILITY == round(sigma_from_variation(ref["variation_average"]), 4) == 0.0148
+    assert sigma_from_variation(ref["variation_max"]) == pytest.approx(0.0408, abs=1e-4)
+
+
+def test_pace_closed_form():
+    assert pace(0.0, 1024) == 1.0
+    assert pace(0.05, 1) == 1.0
+    assert pace(0.02, 2) == pytest.approx(1 + 0.02 / SQRT_PI, abs=1e-12)
+
+
+def _plan(dp: int, variability: float | None = None, phase: str | None = None):
+    gpu_cluster = cluster_preset("dgx-h100", max(1, dp))
+    if variability is not None:
+        gpu_cluster = replace(gpu_cluster, gpu=replace(gpu_cluster.gpu, variability=variability))
+    model = replace(model_preset("llama3-8b"), num_layers=2)
+    par = ParallelSpec(tp=8, dp=dp)
+    if phase is None:
+        work = WorkloadSpec(global_batch_size=2 * dp, micro_batch_size=1)
+    else:
+        work = WorkloadSpec(kind="inference", phase=phase, batch_size=8, context_length=4096)
+    return build_plan(model, work, par, gpu_cluster), Context(model, work, par), gpu_cluster.gpu
+
+
+def test_step_grows_with_the_gpus_at_fixed_per_gpu_work():
+    # the same micro-batches per rank at dp 1, 2, 4: compute grows as 1 + sigma E[max of 8 dp]
+    plans = {dp: _plan(dp) for dp in (1, 2, 4)}
+    compute = {dp: p.step.compute_s - p.step.spread_s for dp, (p, _, _) in plans.items()}
+    for dp, (plan, ctx, gpu) in plans.items():
+        k = pace(GPU_VARIABILITY, 8 * dp)
+        assert plan.step.spread_s > 0
+        raw = stage_compute(ctx, 0, gpu)  # the median part's, as the kernel tables give it
+        gpu_bound = sum(p.total_s - p.host_s for p in (raw.forward, raw.backward))
+        # 2 micro-batches a rank: spread_s = (the median part's GPU-bound seconds) x (k - 1)
+        assert plan.step.spread_s == pytest.approx((2 * gpu_bound + raw.optimizer_s) * (k - 1), rel=1e-9)
+        # the stage's GPU-bound time is the median part's x k exactly; the host's waits are not scaled
+        assert plan.step.stages[0].compute == slowest(raw, k)
+        assert plan.step.stages[0].compute.forward.gemm_s == pytest.approx(raw.forward.gemm_s * k, rel=1e-12)
+        assert plan.step.stages[0].compute.forward.host_s == raw.forward.host_s
+    assert plans[1][0].step.spread_s < plans[2][0].step.spread_s < plans[4][0].step.spread_s
+    assert plans[1][0].step.time_s < plans[2][0].step.time_s < plans[4][0].step.time_s
+    # the median part's compute barely moves with dp (the optimizer shards only): the growth is the spread's
+    assert compute[4] == pytest.approx(compute[1], rel=0.02)
+
+
+def test_zero_turns_it_off_exactly():
+    plan, ctx, gpu = _plan(2, variability=0.0)
+    assert plan.step.spread_s == 0.0
+    assert plan.step.stages[0].compute == stage_compute(ctx, 0, gpu)
+    on, _, _ = _plan(2)
+    assert on.step.time_s > plan.step.time_s
+    assert on.step.compute_s - on.step.spread_s == pytest.approx(plan.step.compute_s, rel=1e-9)
+
+
+def test_inference_instance_pace():
+    # a decode step of one tp 8 instance: its 8 GPUs' slowest; the forward passes' GPU-bound share of (1 - 1/k)
+    plan, _, _ = _plan(1, phase="decode")
+    k = pace(GPU_VARIABILITY, 8)
+    fwd = plan.step.stages[0].compute.forward
+    assert plan.step.spread_s == pytest.approx((fwd.total_s - fwd.host_s) * (1 - 1 / k), rel=1e-12)
+    off, _, _ = _plan(1, variability=0.0, phase="decode")
+    assert off.step.spread_s == 0.0 and off.step.time_s < plan.step.time_s
