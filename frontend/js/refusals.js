@@ -7,10 +7,10 @@
 const INT = new Intl.NumberFormat("en-US");
 
 // an operator's setting (app/settings.py: COMMPLAN_*) said as what it is to the user, and integers of five or more
-// digits grouped by thousands (not inside a decimal's fraction: "0.0275237" stays)
+// digits grouped by thousands (not inside a decimal's fraction, "0.0275237", nor a word: a commit "0005973a84f7")
 export const plainLimits = (msg) => String(msg)
   .replace(/\bCOMMPLAN_[A-Z_]+\b/g, "this server's limit")
-  .replace(/(?<![\d.,])\d{5,}(?![\d.])/g, (n) => INT.format(Number(n)));
+  .replace(/(?<![\w.,])\d{5,}(?![\w.])/g, (n) => INT.format(Number(n)));
 
 // app/limits.py refuse: "estimated work 19,088,108,752 units is over this service's budget of 134,217,728
 // (COMMPLAN_MAX_WORK); the largest part: dp.grad_norm (allreduce on 1 groups of 16384 ranks, schedules), 123 units
