@@ -1,4 +1,5 @@
 // The configuration form <-> a POST /v1/plan request, scenarios, and 422 messages marked on their inputs.
+import { ApiError, call } from "./api.js";
 import { $, bareLabel, el, options } from "./dom.js";
 import { showActiveCalibration } from "./calibrate.js";
 import { buildControls, CONTROL_FIELDS, fillControls, readControls } from "./controls.js";
@@ -307,14 +308,15 @@ function goTo(input) {
 
 export function showErrors(detail) {
   const items = detail.map((d) => {
-    const { name, msg, inputs, fixes, lead = " Nearest valid: " } = errorItem(d);
+    const { name, msg, inputs, fixes, lead = " Nearest valid: ", probe } = errorItem(d);
     for (const input of inputs) input.setAttribute("aria-invalid", "true");
     // each marked control its own "Go to" (review r15d #3: Contention marked beside Candidates, and only the first had one)
     const go = inputs.map((input) => el("button", { type: "button", className: "link", onclick: () => goTo(input) }, `Go to ${labelOf(input)}`));
     const buttons = fixes.map(([label, sets]) => el("button", { type: "button", className: "link fix",
       onclick: () => { for (const [id, value] of sets) $(id).value = String(value); $(sets[0][0]).dispatchEvent(new Event("input", { bubbles: true })); } }, label));
-    return el("li", {}, el("strong", {}, name), ": ", msg, " ", ...go.flatMap((b) => [b, " "]),
-      buttons.length ? el("span", { className: "fixes" }, lead, buttons) : null);
+    const offer = buttons.length ? el("span", { className: "fixes", hidden: Boolean(probe) }, lead, buttons) : null;
+    if (probe && offer) checkFix(probe, offer);
+    return el("li", {}, el("strong", {}, name), ": ", msg, " ", ...go.flatMap((b) => [b, " "]), offer);
   });
   $("form-errors").replaceChildren(el("h2", {}, "This configuration cannot be planned"), el("ul", {}, items));
   $("form-errors").hidden = false;
@@ -339,8 +341,20 @@ function overBudget(msg, request) {
   const labels = costly.map(([, , , label]) => label);
   const cheaper = costly.length ? `${labels.join(" and ")} cost${costly.length > 1 ? "" : "s"} less.` : "Fewer ranks per group (fewer nodes) cost less.";
   const fixes = costly.length ? [[labels.join(" and "), costly.map(([, , id]) => [id, ""])]] : [];
+  const probe = costly.length ? { ...request, options: Object.fromEntries(Object.entries(request.options).filter(([k]) => !costly.some(([key]) => key === k))) } : null;
   return { msg: `pricing this plan is an estimated ${b.units} units of work, over the ${b.budget} this server allows a request; `
-    + `the largest part: ${b.part}. ${cheaper}`, inputs, fixes, lead: " Plan with: " };
+    + `the largest part: ${b.part}. ${cheaper}`, inputs, fixes, lead: " Plan with: ", probe };
+}
+
+// a work-budget fix is offered once the API plans the request it makes, or refuses it for anything but the budget
+// (review r15d #3: "Contention: neighbourhood" offered, and refused again at 1,113,561,344 units); still over: said,
+// with the estimate the API answers, and no button
+function checkFix(request, offer) {
+  call("/v1/plan?summary=true", request).then(() => { offer.hidden = false; }, (err) => {
+    const b = err instanceof ApiError && budgetParts(err.detail[0] && err.detail[0].msg);
+    if (!b) { offer.hidden = err instanceof ApiError ? false : offer.hidden; return; }
+    offer.replaceWith(` With that reset it is still ${b.units} units: fewer ranks per group (fewer nodes) cost less.`);
+  });
 }
 
 // ---- divisibility errors offer the nearest valid values: [label, [[input id, value], ...]], from the request sent ----

@@ -131,6 +131,29 @@ def test_two_costly_settings_are_fixed_together(page):  # noqa: F811
     assert page.locator("#f-candidates").input_value() == page.locator("#f-contention").input_value() == ""
 
 
+def test_a_budget_fix_still_over_is_not_offered(page):  # noqa: F811
+    """The fix is offered once the API plans the request it makes: here the API is made to refuse that request for
+    the budget (the 16,384-GPU refusal's own message), and the card says so, with no button."""
+    open_page(page)
+    page.select_option("#scenario", "llama405b-16k")
+    expect(page.locator("#status")).to_contain_text("16,384 devices", timeout=60_000)
+    request = page.evaluate("window.commplan.state.request")
+    refused = api(page, "/v1/plan", {**request, "options": {**request["options"], "candidates": "all"}})
+    assert refused.status_code == 422, refused.text
+    units = re.search(r"estimated work ([\d,]+) units", refused.json()["detail"][0]["msg"]).group(1)
+    page.route(
+        "**/v1/plan?summary=true",
+        lambda route: route.fulfill(status=422, content_type="application/json", body=refused.text),
+    )
+    page.evaluate("document.querySelectorAll('#more-settings details').forEach((d) => { d.open = true; })")
+    page.select_option("#f-candidates", "all")
+    errors = page.locator("#form-errors")
+    expect(errors).to_contain_text(
+        f"With that reset it is still {units} units: fewer ranks per group (fewer nodes) cost less.", timeout=60_000
+    )
+    expect(errors.locator("button.fix")).to_have_count(0)
+
+
 def test_blank_notes_for_dp_and_the_pools(page):  # noqa: F811
     """DP blank is "the rest", not a default: "dp omitted, but ... 3*1*4 = 12 (DP is blank: the default was planned)".
     A pool's blank box was sent as 1 unsaid: "ep 32 on a worker of tp*dp = 1*1 = 1 ranks" for an emptied DP."""
