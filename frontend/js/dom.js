@@ -23,6 +23,10 @@ function append(node, children) {
   }
 }
 
+// a label's text without its hint span: "DP (blank: rest)" is DP, the Serve card's "Nodes (blank: the form's)" Nodes
+export const bareLabel = (label) => [...label.childNodes].filter((n) => !(n.classList && n.classList.contains("hint")))
+  .map((n) => n.textContent).join("").trim();
+
 export const setText = (id, text) => { $(id).textContent = text; };
 
 export function options(select, items, chosen) {

@@ -1,8 +1,10 @@
 // The configuration form <-> a POST /v1/plan request, scenarios, and 422 messages marked on their inputs.
-import { $, el, options } from "./dom.js";
+import { ApiError, call } from "./api.js";
+import { $, bareLabel, el, options } from "./dom.js";
 import { showActiveCalibration } from "./calibrate.js";
 import { buildControls, CONTROL_FIELDS, fillControls, readControls } from "./controls.js";
 import { buildModelFields, fillModelFields, MODEL_FIELDS, modelSource, readModelFields } from "./model.js";
+import { budgetParts, plainLimits } from "./refusals.js";
 import { state } from "./state.js";
 
 export const SCENARIOS = [
@@ -114,7 +116,7 @@ function readConfigJson(text) {
     else if (v && typeof v === "object") for (const [k, x] of Object.entries(v)) walk(x, path ? `${path}.${k}` : k);
   };
   walk(config, "");
-  if (bad.length) throw new FormError("model.hf_config", `config.json's ${bad.join(", ")} ${bad.length > 1 ? "are numbers" : "is a number"} too large for a 64-bit float: not a value a config can mean`);
+  if (bad.length) throw new FormError("model.hf_config", `config.json's ${bad.join(", ")} ${bad.length > 1 ? "are numbers" : "is a number"} too large in magnitude for a 64-bit float: not a value a config can mean`);
   return config;
 }
 
@@ -285,12 +287,17 @@ function errorItem(d) {
     : FIELDS[path] || FIELDS[path.split(".").slice(0, 2).join(".")] || FIELDS[path.split(".")[0]];
   const input = control && $(control);
   // a blank box is left out of the request, so the rule names the default planned in its place ("global_batch_size 1
-  // is not divisible by ...", "the cluster has 8 devices" for a Nodes box emptied): said (round 15)
-  const blank = input && input.tagName === "INPUT" && input.type !== "checkbox" && input.value.trim() === "" ? ` (${labelOf(input)} is blank: the default was planned)` : "";
-  return { name: path || "request", msg: String(d.msg ?? "") + blank, inputs: input ? [input] : [], fixes: suggestions(path, state.request) };
+  // is not divisible by ...", "the cluster has 8 devices" for a Nodes box emptied): said (round 15). Not for a box
+  // whose blank has its own meaning, said in its label's hint: DP "(blank: rest)" is planned as the devices left, not a
+  // default (review r15d #4: "dp omitted, but ... (DP is blank: the default was planned)")
+  const blank = input && input.tagName === "INPUT" && input.type !== "checkbox" && input.value.trim() === "" && !blankMeans(input)
+    ? ` (${labelOf(input)} is blank: the default was planned)` : "";
+  return { name: path || "request", msg: plainLimits(String(d.msg ?? "")) + blank, inputs: input ? [input] : [], fixes: suggestions(path, state.request) };
 }
 
-const labelOf = (input) => LABELS[input.id] || (input.labels && input.labels[0] ? input.labels[0].textContent.trim() : input.id);
+// a label's text without its hint ("DP (blank: rest)" is DP), and whether the hint gives the blank box a meaning
+const labelOf = (input) => LABELS[input.id] || (input.labels && input.labels[0] ? bareLabel(input.labels[0]) : input.id);
+const blankMeans = (input) => [...(input.labels || [])].some((l) => /\(blank: /.test(l.textContent));
 
 // "Go to" a control under More settings: its folded groups are opened first (round 15: the button scrolled to a
 // control inside a closed <details>, which showed nothing)
@@ -301,13 +308,15 @@ function goTo(input) {
 
 export function showErrors(detail) {
   const items = detail.map((d) => {
-    const { name, msg, inputs, fixes, lead = " Nearest valid: " } = errorItem(d);
+    const { name, msg, inputs, fixes, lead = " Nearest valid: ", probe } = errorItem(d);
     for (const input of inputs) input.setAttribute("aria-invalid", "true");
-    const go = inputs.length ? el("button", { type: "button", className: "link", onclick: () => goTo(inputs[0]) }, `Go to ${labelOf(inputs[0])}`) : null;
+    // each marked control its own "Go to" (review r15d #3: Contention marked beside Candidates, and only the first had one)
+    const go = inputs.map((input) => el("button", { type: "button", className: "link", onclick: () => goTo(input) }, `Go to ${labelOf(input)}`));
     const buttons = fixes.map(([label, sets]) => el("button", { type: "button", className: "link fix",
       onclick: () => { for (const [id, value] of sets) $(id).value = String(value); $(sets[0][0]).dispatchEvent(new Event("input", { bubbles: true })); } }, label));
-    return el("li", {}, el("strong", {}, name), ": ", msg, " ", go,
-      buttons.length ? el("span", { className: "fixes" }, lead, buttons) : null);
+    const offer = buttons.length ? el("span", { className: "fixes", hidden: Boolean(probe) }, lead, buttons) : null;
+    if (probe && offer) checkFix(probe, offer);
+    return el("li", {}, el("strong", {}, name), ": ", msg, " ", ...go.flatMap((b) => [b, " "]), offer);
   });
   $("form-errors").replaceChildren(el("h2", {}, "This configuration cannot be planned"), el("ul", {}, items));
   $("form-errors").hidden = false;
@@ -322,14 +331,30 @@ export function showErrors(detail) {
 const COSTLY = [["candidates", "all", "f-candidates", "Candidates: what the library picks from"],
   ["contention", "full", "f-contention", "Contention: neighbourhood"]];
 function overBudget(msg, request) {
-  const m = /estimated work ([\d,]+) units is over this service's budget of ([\d,]+).*?the largest part: (.*?), [\d,]+ units \(/.exec(msg);
-  if (!m) return null;
-  const part = m[3].replace(/\b1 groups\b/, "one group").replace(/\d{4,}/g, (n) => Number(n).toLocaleString("en-US"));
+  const b = budgetParts(msg);
+  if (!b) return null;
   const costly = COSTLY.filter(([key, value]) => request && request.options && request.options[key] === value);
   const inputs = costly.length ? costly.map(([, , id]) => $(id)) : [$("nodes")];
-  const cheaper = costly.length ? `${costly.map(([, , , label]) => label).join(" or ")} costs less.` : "Fewer ranks per group (fewer nodes) cost less.";
-  return { msg: `pricing this plan is an estimated ${m[1]} units of work, over the ${m[2]} this server allows a request; `
-    + `the largest part: ${part}. ${cheaper}`, inputs, fixes: costly.map(([, , id, label]) => [label, [[id, ""]]]), lead: " Plan with: " };
+  // both set: one fix that resets both (review r15d #3: "Candidates ... or Contention: neighbourhood costs less" with a
+  // button each, and Contention alone was refused again at 1,113,561,344 units of 1,116,827,070; the candidates are
+  // the estimate's factor, planner/estimate.py price_estimate)
+  const labels = costly.map(([, , , label]) => label);
+  const cheaper = costly.length ? `${labels.join(" and ")} cost${costly.length > 1 ? "" : "s"} less.` : "Fewer ranks per group (fewer nodes) cost less.";
+  const fixes = costly.length ? [[labels.join(" and "), costly.map(([, , id]) => [id, ""])]] : [];
+  const probe = costly.length ? { ...request, options: Object.fromEntries(Object.entries(request.options).filter(([k]) => !costly.some(([key]) => key === k))) } : null;
+  return { msg: `pricing this plan is an estimated ${b.units} units of work, over the ${b.budget} this server allows a request; `
+    + `the largest part: ${b.part}. ${cheaper}`, inputs, fixes, lead: " Plan with: ", probe };
+}
+
+// a work-budget fix is offered once the API plans the request it makes, or refuses it for anything but the budget
+// (review r15d #3: "Contention: neighbourhood" offered, and refused again at 1,113,561,344 units); still over: said,
+// with the estimate the API answers, and no button
+function checkFix(request, offer) {
+  call("/v1/plan?summary=true", request).then(() => { offer.hidden = false; }, (err) => {
+    const b = err instanceof ApiError && budgetParts(err.detail[0] && err.detail[0].msg);
+    if (!b) { offer.hidden = err instanceof ApiError ? false : offer.hidden; return; }
+    offer.replaceWith(` With that reset it is still ${b.units} units: fewer ranks per group (fewer nodes) cost less.`);
+  });
 }
 
 // ---- divisibility errors offer the nearest valid values: [label, [[input id, value], ...]], from the request sent ----

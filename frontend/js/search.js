@@ -5,6 +5,7 @@ import { postJson, search } from "./api.js";
 import { $, el } from "./dom.js";
 import { axisBytes, esc, fineAxisTime, fmtBytes, fmtCount, fmtInt, fmtPct, fmtPoints, fmtTime, timeIter } from "./format.js";
 import { chart, narrow } from "./charts.js";
+import { plainLimits } from "./refusals.js";
 import { state } from "./state.js";
 
 let controller = null, onLoad = () => {}, searchedHeadroom = null;
@@ -69,14 +70,15 @@ function refusal(err) {
     const boxes = ["tp", "pp"].map((k) => $(`search-keep-${k}`)).filter((box) => !box.checked);
     for (const box of boxes) box.setAttribute("aria-invalid", "true");
     const p = state.request.parallel;
-    return `${d.msg}. Here: ${boxes.length ? `tick ${boxes.map((box) => box.labels[0].textContent.trim()).join(" or ")} (the form's TP ${p.tp || 1}, PP ${p.pp || 1})`
+    return `${plainLimits(d.msg)}. Here: ${boxes.length ? `tick ${boxes.map((box) => box.labels[0].textContent.trim()).join(" or ")} (the form's TP ${p.tp || 1}, PP ${p.pp || 1})`
       : "the form's TP and PP are kept already; narrow cp or micro_batch_size over HTTP or the CLI (docs/search.md)"}.`;
   }
-  if (!input) return err.message;
+  // the operator's settings and long numbers in words, as on the form and the Serve card (review r15d #6)
+  if (!input) return plainLimits(err.message);
   input.setAttribute("aria-invalid", "true");
   // the box is a percent, the field a fraction (the server's "less than 1, got 1.0" read beside "100": r11b)
   const msg = path === "constraints.memory_headroom"
-    ? `must be at least 0% and under 100% of the device's memory, got ${input.value}%` : d.msg;
+    ? `must be at least 0% and under 100% of the device's memory, got ${input.value}%` : plainLimits(d.msg);
   return `${input.labels[0].textContent.trim()} (${path}): ${msg}`;
 }
 

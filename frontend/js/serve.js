@@ -2,9 +2,10 @@
 // pools), its cards, pools and KV transfer; "Find a deployment": POST /v1/serve/search under a TTFT/TPOT SLA,
 // its ranked table and the Pareto front of tokens/s per GPU against tokens/s per user; a click loads one.
 import { postJson, search } from "./api.js";
-import { $, el, options as fillOptions } from "./dom.js";
+import { $, bareLabel, el, options as fillOptions } from "./dom.js";
 import { axisCount, axisTime, esc, fmtBytes, fmtCount, fmtInt, fmtTime } from "./format.js";
 import { chart, narrow } from "./charts.js";
+import { budgetParts, plainLimits } from "./refusals.js";
 import { saveUrl, state } from "./state.js";
 import { clearExplorer } from "./explorer.js";
 import { drawTopology } from "./topology.js";
@@ -331,21 +332,35 @@ function inputOf(path) {
   const field = pool[2] === undefined ? "tp" : POOL_INPUTS[pool[2]];
   return prefix && field ? $(`${prefix}-${field}`) : null;
 }
-function errorText(err) {
+function errorText(err, pools = true) {
   unmark();
   const d = err.detail && err.detail[0];
   if (!d || !d.loc) return err.message;
   const path = d.loc.slice(1).join("."), input = inputOf(path);
   if (input) input.setAttribute("aria-invalid", "true");
   const legend = input && input.closest("fieldset") ? `${input.closest("fieldset").querySelector("legend").textContent.trim()} ` : "";
-  const label = input && input.labels.length ? input.labels[0].textContent.trim() : "";
+  // the label without its hint (review r15d #7: "Nodes (blank: the form's) (cluster): 2,610 deployments ...")
+  const label = input && input.labels.length ? bareLabel(input.labels[0]) : "";
   const whole = /^deployment\.pools\.\d$/.test(path) && legend;
   const name = whole ? `${legend.trim()} (${path})` : label ? `${legend}${label} (${path})` : path;
   // a blank box is sent as null: "Input should be a valid integer, got null" named a JSON word for an empty box (round 15)
-  const said = d.msg.replace(/ \(COMMPLAN_MAX_SERVE_CANDIDATES\)/, " this server plans in one search")
-    .replace("narrow engines or modes, or a smaller cluster", "the card searches every engine and mode: fewer nodes narrow it");
+  const budget = budgetParts(d.msg);
+  const said = budget ? `pricing this deployment is an estimated ${budget.units} units of work, over the ${budget.budget} this `
+      + `server allows a request; the largest part: ${budget.part}. Fewer GPUs a pool cost less.`
+    : plainLimits(d.msg.replace(/ \(COMMPLAN_MAX_SERVE_CANDIDATES\)/, " this server plans in one search")
+      .replace("narrow engines or modes, or a smaller cluster", "the card searches every engine and mode: fewer nodes narrow it"));
   const msg = input && input.value.trim() === "" ? said.replace(/, got null$/, ", and the box is blank") : said;
-  return `${name}: ${path.endsWith("_s") ? msg.replace(/(\d[\d.,]*\d|\d)(?=, got |$)/g, "$1 s") : msg}`;
+  return `${name}: ${path.endsWith("_s") ? msg.replace(/(\d[\d.,]*\d|\d)(?=, got |$)/g, "$1 s") : msg}${pools ? blankPools() : ""}`;
+}
+
+// a pool's number box left blank is left out of the request, and the server plans 1 (app/schemas/serve.py PoolIn's
+// defaults): "ep 32 on a worker of tp*dp = 1*1 = 1 ranks" for an emptied DP read as a value never typed (review r15d
+// #5). Each blank box of the pools sent is marked and said.
+function blankPools() {
+  const prefixes = $("serve-mode").value === "disaggregated" ? ["serve-p", "serve-d"] : ["serve-a"];
+  const blank = prefixes.flatMap((prefix) => POOL_FIELDS.map((f) => $(`${prefix}-${f}`)).filter((box) => box.value.trim() === ""));
+  for (const box of blank) box.setAttribute("aria-invalid", "true");
+  return blank.map((box) => ` (${box.closest("fieldset").querySelector("legend").textContent.trim()} ${bareLabel(box.labels[0])} is blank: 1 was planned)`).join("");
 }
 
 let serveSeq = 0;  // only the latest request's answer is shown
@@ -355,6 +370,8 @@ async function runServe() {
   keepCard(true);
   $("serve-status").textContent = "Planning the deployment…";
   unmark();
+  // disabled until its answer (review r15d #9: only the search's and the calibration's buttons were)
+  $("serve-run").disabled = true;
   try {
     const body = serveBody();
     const answer = await postJson("/v1/serve", body);
@@ -362,12 +379,26 @@ async function runServe() {
     state.serve = answer;
     $("serve-status").textContent = "";
     renderServe(state.serve, body.traffic);
-    if (redraw) { redraw = false; await drawTransfer(); }
+    // a drawn transfer is drawn again from the new answer, or given up where it has none (review r15d #1: the
+    // detail kept 141 MB and 3.47 ms after an 8,000-token replan of 562 MB and 12.3 ms, and the DeepSeek transfer
+    // over a vLLM deployment that has none, its link still saying drawn)
+    if (redraw || (state.serveCard && state.serveCard.drawn)) { redraw = false; await (answer.kv_transfer ? drawTransfer() : undraw()); }
   } catch (err) {
     if (seq !== serveSeq) return;
     $("serve-status").textContent = `Cannot plan this deployment: ${errorText(err)}`;
     $("serve-results").hidden = true;
+    if (state.serveCard && state.serveCard.drawn) undraw();
+  } finally {
+    if (seq === serveSeq) $("serve-run").disabled = false;
   }
+}
+
+// the detail back on the ledger's selected call (else its first): its row's click selects it and saves the link
+function undraw() {
+  state.serveCard = { ...state.serveCard, drawn: false };
+  const rows = [...$("ledger").tBodies[0].rows], sel = state.selected;
+  const row = rows.find((r) => sel && r.dataset.name === sel.name && Number(r.dataset.stage) === sel.stage) || rows[0];
+  if (row) row.click(); else saveUrl();
 }
 
 const metric = (label, value, hint, id) => el("div", { className: "card metric-card", "data-card": id },
@@ -481,7 +512,7 @@ async function runServeSearch() {
     state.serveSearch = result;
     renderServeSearch(result, sla, body.traffic, body.cluster);
   } catch (err) {
-    $("serve-search-status").textContent = `Search failed: ${errorText(err)}`;
+    $("serve-search-status").textContent = `Search failed: ${errorText(err, false)}`;
   } finally {
     $("serve-search-run").disabled = false;
   }

@@ -225,7 +225,10 @@ def test_a_log_read_twice_fits_as_read_once(reference):
     text = reference("nccl_logs/sample_h100_2node.txt").read_text()
     once = calibrate(dgx_h100(2), [Log(text)], max_rows=1000, max_devices=1000).result
     twice = calibrate(dgx_h100(2), [Log(text), Log(text)], max_rows=1000, max_devices=1000).result
-    assert once.median_error_after == pytest.approx(0.027523747676601706, rel=1e-12)
+    # the single-log fit is the reference (review r15d #8: a pinned 0.0275237... broke on any honest model change):
+    # it keeps constants and lowers the error, and the log read twice fits exactly as it does
+    assert once.constants and once.median_error_after < once.median_error_before
+    assert twice.median_error_before == pytest.approx(once.median_error_before, rel=1e-12)
     assert twice.constants == once.constants
     assert twice.median_error_after == pytest.approx(once.median_error_after, rel=1e-12)
     assert len(twice.rows) == 2 * len(once.rows)  # every row read is still answered

@@ -228,7 +228,8 @@ def test_a_space_over_the_limit_names_the_cards_keep_boxes(page):  # noqa: F811
     page.click("#search-run")
     status = page.locator("#search-status")
     expect(status).to_contain_text(
-        "above the limit of 2,000,000 (COMMPLAN_MAX_SEARCH_LAYOUTS); fix or list values of tp, pp, cp, framework or "
+        # the operator's setting in words (review r15d #6, mend15e)
+        "above the limit of 2,000,000 (this server's limit); fix or list values of tp, pp, cp, framework or "
         "micro_batch_size to narrow it. Here: tick Keep TP or Keep PP (the form's TP 2, PP 16).",
         timeout=30_000,
     )

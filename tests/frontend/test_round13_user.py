@@ -316,7 +316,8 @@ def test_pools_over_the_cluster_mark_the_nodes(page):  # noqa: F811
     page.fill("#serve-nodes", "4")
     page.click("#serve-run")
     expect(page.locator("#serve-status")).to_have_text(
-        "Cannot plan this deployment: Nodes (blank: the form's) (deployment.pools): the pools use 1x32 + 1x64 = 96 "
+        # the label without its hint (review r15d #7, mend15e)
+        "Cannot plan this deployment: Nodes (deployment.pools): the pools use 1x32 + 1x64 = 96 "
         "GPUs; the cluster has 32",
         timeout=30_000,
     )

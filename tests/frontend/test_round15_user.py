@@ -240,7 +240,9 @@ def test_a_config_json_with_a_bom_or_a_number_past_float64(page):  # noqa: F811
     for key in ("rope_theta", "hidden_size"):
         page.fill("#hf-config", json.dumps(config)[:-1] + f', "{key}": 1e400' + "}")
         errors = page.locator("#form-errors")
-        expect(errors).to_contain_text(f"config.json's {key} is a number too large for a 64-bit float", timeout=30_000)
+        expect(errors).to_contain_text(
+            f"config.json's {key} is a number too large in magnitude for a 64-bit float", timeout=30_000
+        )
         expect(errors).not_to_contain_text("null")
         assert page.evaluate("document.getElementById('hf-config').getAttribute('aria-invalid')") == "true"
 
@@ -298,7 +300,7 @@ def test_a_serving_search_over_the_limit_marks_nodes(page):  # noqa: F811
     assert detail["loc"] == ["body", "cluster"], detail
     asked, limit = re.match(r"([\d,]+) deployments to plan, above the limit of ([\d,]+)", detail["msg"]).groups()
     said = (
-        f"Search failed: Nodes (blank: the form's) (cluster): {asked} deployments to plan, above the limit of {limit} "
+        f"Search failed: Nodes (cluster): {asked} deployments to plan, above the limit of {limit} "
         "this server plans in one search; the card searches every engine and mode: fewer nodes narrow it"
     )
     page.click("#serve-search-run")

@@ -133,12 +133,13 @@ def test_a_refused_sla_names_its_box_and_says_seconds(make_page):  # noqa: F811
     pg.fill("#serve-sla-tpot", "100000000")
     pg.click("#serve-search-run")
     expect(pg.locator("#serve-search-status")).to_have_text(
-        "Search failed: TPOT at most (ms) (sla.tpot_s): Input should be less than or equal to 60 s, got 100000 s",
+        # long numbers grouped (review r15d #6, mend15e)
+        "Search failed: TPOT at most (ms) (sla.tpot_s): Input should be less than or equal to 60 s, got 100,000 s",
         timeout=20_000,
     )
     pg.fill("#serve-isl", "100000000")
     pg.click("#serve-run")
     expect(pg.locator("#serve-status")).to_contain_text(
-        "Input tokens (traffic.input_tokens): Input should be less than or equal to 2097152, got 100000000",
+        "Input tokens (traffic.input_tokens): Input should be less than or equal to 2,097,152, got 100,000,000",
         timeout=20_000,
     )
