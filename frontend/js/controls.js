@@ -71,6 +71,7 @@ export const GROUPS = [
   ["Kernels", [
     ["workload.attention_kernel", "Attention kernel", "select", ["flash", "flash2", "flash3", "cudnn", "unfused"], "the framework's fused kernel"],
     ["workload.cuda_graphs", "CUDA graphs", "select", ON_OFF, "off"],
+    ["workload.cuda_graph_scope", "TE graphs of an MoE layer (Megatron)", "modules", ["moe_router", "moe_preprocess"], "none", "kind=training"],
     ["workload.torch_compile", "torch.compile", "select", ON_OFF, "off"],
     ["workload.grad_accumulation_fusion", "Grad-accumulation fusion", "select", ON_OFF, "the framework's (Megatron: on)", "kind=training"],
     ["workload.cross_entropy_fusion", "Cross-entropy fusion", "select", ON_OFF, "the framework's (Megatron: off)", "kind=training"],
