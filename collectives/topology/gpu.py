@@ -55,7 +55,7 @@ VARIATION_AVERAGE = 0.08  # Sinha et al. SC'22, average over clusters and applic
 VARIATION_MAX = 0.22  # the same, the largest (cluster, application)
 WHISKER_SPAN_IQR = 4.0  # (Q3 + 1.5 IQR) - (Q1 - 1.5 IQR) = 4 IQR (the artifact's percent_variability)
 NORMAL_IQR_SIGMAS = 1.3489795003921634  # 2·Φ⁻¹(0.75): a normal's IQR in standard deviations
-VARIABILITY_RANGE = (0.0, 0.2)  # an input's bounds (cluster.gpu.variability): 0 turns it off; 0.2 is 3x the max
+VARIABILITY_RANGE = (0.0, 0.2)  # an input's bounds (cluster.gpu.variability): 0 turns it off; 0.2 is 4.9x the max σ
 
 
 def sigma_from_variation(variation: float) -> float:
@@ -113,14 +113,18 @@ class GPUSpec:
     gemm_table: MeasuredGemm | None = None
     # GPU-to-GPU spread of sustained throughput (a robust σ, a fraction of the median part's time; GPU_VARIABILITY)
     variability: float = GPU_VARIABILITY
+    # this part's clock over the median part's of its SKU (1.0: the median part the kernel tables were measured on;
+    # planner/spread.py slowest_part sets 1 / pace for the slowest part of a job). Not an input: never in a request.
+    part_clock: float = 1.0
 
     def clock_scale(self) -> float:
         """Sustained tensor-core clock at ``power_limit_w`` as a fraction of the clock at the default limit:
-        P = P_static + P_dyn·(f/f_tdp)³ solved for f (STATIC_POWER_FRACTION). HBM runs at its own clock."""
+        P = P_static + P_dyn·(f/f_tdp)³ solved for f (STATIC_POWER_FRACTION), times ``part_clock``. HBM runs at its
+        own clock."""
         if self.power_limit_w is None or not self.tdp_w or self.power_limit_w >= self.tdp_w:
-            return 1.0
+            return self.part_clock
         static = STATIC_POWER_FRACTION * self.tdp_w
-        return max(0.0, (self.power_limit_w - static) / (self.tdp_w - static)) ** (1 / 3)
+        return self.part_clock * max(0.0, (self.power_limit_w - static) / (self.tdp_w - static)) ** (1 / 3)
 
     def peak(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; fp8 falls back to bf16 on parts without fp8 tensor cores."""
@@ -138,7 +142,7 @@ class GPUSpec:
 def _gpu_hash(gpu: GPUSpec) -> int:
     fields = (gpu.name, tuple(sorted(gpu.peak_tflops.items())), gpu.hbm_bytes, gpu.hbm_GBps, gpu.sm, gpu.sms)
     rest = (gpu.power_limit_w, gpu.kernel_constants, gpu.host_cpu, gpu.sustained_clock, gpu.gemm_table, gpu.variability)
-    return hash((*fields, *rest))
+    return hash((*fields, *rest, gpu.part_clock))
 
 
 def _gpu(name, bf16, fp8, tf32, fp32, hbm_bytes, hbm_GBps, sm, links, source, power=(0, 0, 0), fp4=0.0):
