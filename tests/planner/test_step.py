@@ -24,7 +24,7 @@ from planner import (
     step_time,
 )
 from planner.compute import embedding_pass, model_flops_per_token
-from planner.spread import job_pace, slowest_pass
+from planner.spread import paced_gpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import step_validation
@@ -426,7 +426,7 @@ def test_recompute_blocks_are_the_backwards_rerun_of_the_forward(gbs):
             ctx = Context(model_preset("llama3-70b"), WorkloadSpec(micro_batch_size=1, global_batch_size=gbs),
                           ParallelSpec(tp=8, pp=4, dp=2, zero_stage=1, sequence_parallel=True))  # fmt: skip
             gpu = cluster_preset("dgx-h100", 8).gpu  # at the slowest of the 64 GPUs' pace, as the plan's passes
-            embed = slowest_pass(embedding_pass(ctx, gpu)[0], job_pace(ctx, gpu)).total_s if stage == 0 else 0.0
+            embed = embedding_pass(ctx, paced_gpu(ctx, gpu))[0].total_s if stage == 0 else 0.0
             assert f.recompute_s == pytest.approx(f.forward.total_s - embed, rel=1e-12)
         for plan, c in ((full, f), (sel, s)):
             spans = _spans(plan, stage, "recompute")
