@@ -80,9 +80,10 @@ def median_part(gpu):
 
 
 def pass_spread(paced: PassTime, median: PassTime) -> float:
-    """What the slowest part added to a pass: its GPU-bound seconds on the paced part less on the median part (the
-    host's waits do not move with the clock)."""
-    return max(0.0, (paced.total_s - paced.host_s) - (median.total_s - median.host_s))
+    """What the slowest part added to a pass: its seconds on the paced part less on the median part. A host-bound
+    pass's launch wait absorbs the slower kernels (compute.PassTime.host_s shrinks as they grow), so the difference of
+    the totals, not of the GPU-bound seconds, is what the step gains."""
+    return paced.total_s - median.total_s
 
 
 def compute_spread(paced: StageCompute, median: StageCompute) -> tuple[float, float, float]:
@@ -91,7 +92,7 @@ def compute_spread(paced: StageCompute, median: StageCompute) -> tuple[float, fl
     return (
         pass_spread(paced.forward, median.forward),
         pass_spread(paced.backward, median.backward),
-        max(0.0, paced.optimizer_s - median.optimizer_s),
+        paced.optimizer_s - median.optimizer_s,
     )
 
 
