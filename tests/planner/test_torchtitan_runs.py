@@ -145,8 +145,9 @@ def test_torchtitan_rows_predicted():
     # the 8-GPU compile + Float8 row +1.0%; since dtype7's bf16 reduce-scatters under float8 TP and titan8's DTensor
     # copies and fused-op exposure the 70B 2D +6.0%, the 2025-06 70B float8 TP +3.3% and async TP +3.9% (sus12: fp8
     # GEMM time x 0.973, bf16 x 1.033: +0.8, +6.5, +3.7, +4.2% before)
-    # spread15: 12 -> 10 too fast (8B FSDP eager -1.1% -> +0.9%, its 128-GPU Float8 row -2.7% -> +0.9%)
-    assert sum(r["error"] < 0 for r in rows.values()) == 10
+    # spread15: 12 -> 10 too fast (8B FSDP eager -1.1% -> +0.9%, its 128-GPU Float8 row -2.7% -> +0.9%); mend15f:
+    # 11 (the 128-GPU Float8 row +0.9% -> -0.0%: the pace through the clock leaves its memory-bound kernels unpaced)
+    assert sum(r["error"] < 0 for r in rows.values()) == 11
     assert max(abs(r["error"]) for r in rows.values()) < 0.30  # the "no run more than 30% off"
 
 
