@@ -110,7 +110,7 @@ from .rules.tensor import (
     userbuffers_decoder_share,
     userbuffers_rows,
 )
-from .spread import compute_spread, job_pace, median_part, slowest_part
+from .spread import compute_spread, job_pace, median_part, pass_spread, slowest_part
 from .workload import selective_modules
 
 HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
@@ -1060,19 +1060,29 @@ def _split_gemms(ctx: Context, stages: list[StageStep], gpu: GPUSpec, split) -> 
     Per micro-batch, into each stage's passes, for every layer; a fully recomputed layer adds the share of what its
     re-run runs (kernels.full_rerun). Left out without ``gpu``, as the FSDP2 copies are (the search's lower
     bounds)."""
-    eff = efficiency(gpu, None)  # on step_time's paced part, as the layer's GEMMs
+    median = median_part(gpu)  # the pieces' own spread (StageStep.spread), where step_time's part is paced
     for st in stages:
-        fwd, bwd = PassTime(), PassTime()
-        for (moe, plan), count in layer_counts(ctx, st.stage).items():
-            f_gemm, f_mem, b_gemm = split(ctx, moe, gpu, eff)
-            fwd = fwd + PassTime(gemm_s=f_gemm, elementwise_s=f_mem).scaled(count)
-            redo = PassTime()
-            if plan.kind == "full":  # the re-run's share: full_rerun's GEMMs (torch's stops before fc2)
-                r_gemm, r_mem, _ = split(ctx, moe, gpu, eff, True)
-                redo = PassTime(gemm_s=r_gemm, elementwise_s=r_mem)
-            bwd = bwd + (PassTime(gemm_s=b_gemm) + redo).scaled(count)
+        fwd, bwd = _split_passes(ctx, st.stage, gpu, split)
+        if median is not gpu:
+            f_med, b_med = _split_passes(ctx, st.stage, median, split)
+            f, b, o = st.spread
+            st.spread = (f + pass_spread(fwd, f_med), b + pass_spread(bwd, b_med), o)
         c = st.compute
         st.compute = replace(c, forward=c.forward + fwd, backward=c.backward + bwd)
+
+
+def _split_passes(ctx: Context, stage: int, gpu: GPUSpec, split) -> tuple[PassTime, PassTime]:
+    """What ``split``'s pieces add to one forward and one backward of ``stage`` on ``gpu`` (_split_gemms)."""
+    eff, fwd, bwd = efficiency(gpu, None), PassTime(), PassTime()
+    for (moe, plan), count in layer_counts(ctx, stage).items():
+        f_gemm, f_mem, b_gemm = split(ctx, moe, gpu, eff)
+        fwd = fwd + PassTime(gemm_s=f_gemm, elementwise_s=f_mem).scaled(count)
+        redo = PassTime()
+        if plan.kind == "full":  # the re-run's share: full_rerun's GEMMs (torch's stops before fc2)
+            r_gemm, r_mem, _ = split(ctx, moe, gpu, eff, True)
+            redo = PassTime(gemm_s=r_gemm, elementwise_s=r_mem)
+        bwd = bwd + (PassTime(gemm_s=b_gemm) + redo).scaled(count)
+    return fwd, bwd
 
 
 def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap, gpu: GPUSpec) -> StreamTotals:

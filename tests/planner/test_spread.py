@@ -17,7 +17,7 @@ from collectives.topology.gpu import (
     WHISKER_SPAN_IQR,
     sigma_from_variation,
 )
-from planner import Context, ParallelSpec, WorkloadSpec, build_plan, model_preset
+from planner import Context, Options, Overlap, ParallelSpec, WorkloadSpec, build_plan, model_preset
 from planner.compute import stage_compute
 from planner.spread import expected_max_normal, median_part, pace, slowest_part
 
@@ -135,3 +135,20 @@ def test_inference_instance_pace():
     assert plan.step.compute_s - plan.step.spread_s == pytest.approx(off.step.compute_s, rel=1e-9)
     off, _, _ = _plan(1, variability=0.0, phase="decode")
     assert off.step.spread_s == 0.0 and off.step.time_s < plan.step.time_s
+
+
+@pytest.mark.parametrize("framework", ["torch", "megatron"])
+def test_the_tp_overlap_pieces_carry_their_spread(framework):
+    """torch's async TP and TE's userbuffers run the overlapped GEMMs as pieces added after the stage compute
+    (step._split_gemms), timed on the paced part like the rest; their pace is part of spread_s (mend15f), so
+    compute_s - spread_s is the variability-0 plan's compute_s to 1e-9 (the Llama-3 8B at 4 layers, tp 8 with SP)."""
+    model = replace(model_preset("llama3-8b"), num_layers=4)
+    work = WorkloadSpec(micro_batch_size=2, global_batch_size=2, torch_compile=True)
+    par = ParallelSpec(tp=8, sequence_parallel=True, framework=framework)
+    options = Options(timeline=False, overlap=Overlap(tp_comm_overlap=True))
+    node = cluster_preset("dgx-h100", 1)
+    on = build_plan(model, work, par, node, options).step
+    off_node = replace(node, gpu=replace(node.gpu, variability=0.0))
+    off = build_plan(model, work, par, off_node, options).step
+    assert on.spread_s > 0.0 and off.spread_s == 0.0
+    assert on.compute_s - on.spread_s == pytest.approx(off.compute_s, rel=1e-9)
