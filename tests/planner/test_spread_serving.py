@@ -53,8 +53,9 @@ def test_fused_allreduce_leaves_no_phantom_time():
             for g in (node.gpu, slowest_part(node.gpu, k))
         }
         assert at[node.gpu][name] == pytest.approx(at[slowest_part(node.gpu, k)][name], rel=1e-12)
-    # a decode step's GEMMs read HBM: the pace adds far less than (k - 1) of the GPU-bound time (review r15e: 1.7%)
-    assert 0.0 < on.step.spread_s < 0.5 * (k - 1) * (median.total_s - median.host_s)
+    # a decode step's GEMMs read HBM: the pace adds far less than (k - 1) of the GPU-bound time (7% of it here;
+    # review r15e's power-limit probe: GEMMs x1.017 where the clock fell 15%)
+    assert 0.0 < on.step.spread_s < 0.2 * (k - 1) * (median.total_s - median.host_s)
 
 
 def test_overlapped_moe_step_paced_once():
