@@ -102,10 +102,11 @@ def plan_assumptions(ctx: Context, overlap, cluster: ClusterSpec, options) -> li
 def _variability_row(ctx: Context, sigma: float) -> Assumption:
     """cluster.gpu.variability as the step prices it (planner/spread.py): the sigma and the slowest-of-N pace."""
     n = ctx.par.world_size
-    value = f"{sigma:.2%} sigma; the slowest of {n:,} GPUs: +{pace(sigma, n) - 1:.2%} GPU-bound time"
+    value = f"{sigma:.2%} sigma; the slowest of {n:,} GPUs: +{pace(sigma, n) - 1:.2%} compute-bound time"
     what = (
-        f"{COMMPLAN}: {GPU_VARIABILITY:.2%} = Sinha et al. SC'22's 8% average spread (4·IQR / median, V100 and MI60 "
-        "fleets) / (4 x 1.349); 0 turns it off"
+        f"{COMMPLAN}: {GPU_VARIABILITY:.2%} = Sinha et al. SC'22 (arXiv v3)'s 8% average spread over V100 and MI60 "
+        "fleets, read by this project as 4·IQR / median, / (4 x 1.349); the slowest part runs at clock / pace, so "
+        "memory-bound kernels do not slow; 0 turns it off"
     )
     return Assumption("cluster.gpu.variability", value, what)
 

@@ -1049,7 +1049,8 @@ def clock_fraction(gpu: GPUSpec, dtype: str = "bf16") -> float:
     sustained, fp8_ratio, _ = sustained_clock(gpu)
     fp8 = _PEAK_DTYPE.get(dtype) == "fp8" and gpu.peak_tflops.get("fp8")
     clock = gpu_efficiency(gpu).clock if gpu.kernel_constants else 0.0  # what a trace fitted for this GPU
-    clock = clock or gpu.clock_scale() * sustained
+    # the fitted clock is the traced (median) part's: a slower part of the job (GPUSpec.part_clock) runs below it
+    clock = clock * gpu.part_clock or gpu.clock_scale() * sustained
     return clock * (fp8_ratio if fp8 else 1.0)
 
 

@@ -6,19 +6,25 @@ layer, PP every micro-batch, the DP reduction and the gradient-norm all-reduce e
 the slowest of its N GPUs; a serving instance's step waits for the slowest of the instance's GPUs. The kernel
 tables this project fits on were measured on one GPU each, taken as the median part. With each part's time
 t·(1 + σ·z), z a standard normal fixed per part, the expected pace of N parts is t·(1 + σ·E[max of N normals])
-(the expectation over which parts a job is given). Only GPU-bound time scales (the kernels' own seconds: GEMMs,
-attention, memory-bound kernels, casts, the optimizer step): the host's launch waits and the network's price do not.
+(the expectation over which parts a job is given). The spread is a clock spread ("identical GPUs sustain
+different clocks"), so it enters the model where the clock does: the slowest part is the median part at clock / k
+(``slowest_part``: GPUSpec.part_clock, read by kernels.clock_fraction and sm_cycles_s through GPUSpec.clock_scale,
+the one place the clock enters, as a lowered power limit does), and the roofline decides what slows: compute-bound
+GEMMs and attention by up to k, HBM-bound kernels (elementwise, casts, the optimizer step, a decode step's GEMMs)
+not at all (mend15f, review r15e finding 3). The host's launch waits and the network's price do not move either.
 
 ``expected_max_normal(n)``: E[max of n iid standard normals] = ∫ x·n·φ(x)·Φ(x)^(n-1) dx, integrated numerically
 as ∫_0^∞ (1 - Φⁿ) dx - ∫_-∞^0 Φⁿ dx (Simpson's rule on [0, 12] and [-12, 0]), memoised by n; closed forms at n = 2, 3
-(1/√π, 3/(2√π)) and 4 in tests/planner/test_spread.py. ``pace(gpu, n)``: 1 + σ·E[max of n]. One home: the plan
-(compute.stage_compute), the layout search (search/step_model.py) and serving (build_plan's step, the overlapped
-MoE step) all call ``slowest``.
+(1/√π, 3/(2√π)) and 4 in tests/planner/test_spread.py. ``pace(sigma, n)``: 1 + σ·E[max of n]. One home: every
+caller that times kernels of a paced job (step.step_time and its pieces, the layout search's step_model, serving's
+overlapped MoE step and fused all-reduce) times them on ``paced_gpu(ctx, gpu)``; ``compute_spread`` is the one
+formula of what the pace added (StepTime.spread_s).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -58,37 +64,45 @@ def job_pace(ctx, gpu) -> float:
     return pace(gpu.variability, ctx.par.world_size)
 
 
-def slowest_pass(p: PassTime, k: float) -> PassTime:
-    """A pass at the slowest part's pace ``k``: its GPU-bound seconds x k; the host's waits and FLOPs unchanged."""
-    if k == 1.0:
-        return p
-    return PassTime(p.gemm_s * k, p.attention_s * k, p.elementwise_s * k, p.flops, p.fp8_cast_s * k, p.host_s)
+def slowest_part(gpu, k: float):
+    """The slowest part of a job at pace ``k``: ``gpu`` at clock / k (GPUSpec.part_clock); ``gpu`` itself at k = 1."""
+    return gpu if k == 1.0 else replace(gpu, part_clock=gpu.part_clock / k)
 
 
-def slowest(comp: StageCompute, k: float) -> StageCompute:
-    """A stage's compute at the slowest part's pace ``k`` (``pace``): passes, core attention, optimizer, recompute."""
-    if k == 1.0:
-        return comp
-    return StageCompute(
-        slowest_pass(comp.forward, k),
-        slowest_pass(comp.backward, k),
-        comp.attention_fwd_s * k,
-        comp.optimizer_s * k,
-        comp.recompute_s * k,
+def paced_gpu(ctx, gpu):
+    """The part that sets a plan's pace: ``slowest_part`` at ``job_pace``."""
+    return slowest_part(gpu, job_pace(ctx, gpu))
+
+
+def median_part(gpu):
+    """The median part of the SKU (the part the kernel tables hold) of a ``paced_gpu``."""
+    return gpu if gpu.part_clock == 1.0 else replace(gpu, part_clock=1.0)
+
+
+def pass_spread(paced: PassTime, median: PassTime) -> float:
+    """What the slowest part added to a pass: its seconds on the paced part less on the median part. A host-bound
+    pass's launch wait absorbs the slower kernels (compute.PassTime.host_s shrinks as they grow), so the difference of
+    the totals, not of the GPU-bound seconds, is what the step gains."""
+    return paced.total_s - median.total_s
+
+
+def compute_spread(paced: StageCompute, median: StageCompute) -> tuple[float, float, float]:
+    """What the slowest part added to one forward, one backward and the optimizer step of a stage timed on the paced
+    part and on the median part. StepTime.spread_s (a part of compute_s) sums them over the step's passes."""
+    return (
+        pass_spread(paced.forward, median.forward),
+        pass_spread(paced.backward, median.backward),
+        paced.optimizer_s - median.optimizer_s,
     )
 
 
-def spread_share(p: PassTime, k: float) -> float:
-    """What of a pass already at pace ``k`` the spread added: its GPU-bound seconds x (1 - 1/k)."""
-    return (p.total_s - p.host_s) * (1.0 - 1.0 / k) if k > 1.0 else 0.0
-
-
-def stage_spread(comp: StageCompute, k: float, passes: float) -> float:
-    """What the spread added to a stage's compute already at pace ``k`` over ``passes`` forward-backward passes
-    and its optimizer step (StepTime.spread_s, a part of its compute_s)."""
-    if k <= 1.0:
-        return 0.0
-    return passes * (spread_share(comp.forward, k) + spread_share(comp.backward, k)) + comp.optimizer_s * (1 - 1 / k)
-
-
-__all__ = ["expected_max_normal", "job_pace", "pace", "slowest", "slowest_pass", "spread_share", "stage_spread"]
+__all__ = [
+    "compute_spread",
+    "expected_max_normal",
+    "job_pace",
+    "median_part",
+    "pace",
+    "paced_gpu",
+    "pass_spread",
+    "slowest_part",
+]

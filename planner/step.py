@@ -110,7 +110,7 @@ from .rules.tensor import (
     userbuffers_decoder_share,
     userbuffers_rows,
 )
-from .spread import job_pace, slowest, slowest_pass, spread_share, stage_spread
+from .spread import compute_spread, job_pace, median_part, pass_spread, slowest_part
 from .workload import selective_modules
 
 HOST_LINK_GBPS = 64.0  # PCIe Gen5 x16 per direction (H100 SXM's host link), when the cluster is not given
@@ -221,6 +221,9 @@ class StageStep:
     # no compute can hide (_fsdp_edges)
     first_gather_s: float = 0.0
     last_reduce_s: float = 0.0
+    # what the slowest part's clock added to one forward, one backward and the optimizer step (planner/spread.py
+    # compute_spread: stage_compute on the paced part less on the median part)
+    spread: tuple[float, float, float] = (0.0, 0.0, 0.0)
     tp_unfused_s: float = 0.0  # backward TP left out of tp_comm_overlap, per micro-batch (_async_tp_unfused)
     # TP left on NCCL by userbuffers, per micro-batch, by phase (_userbuffers_fallback)
     tp_fallback_s: dict[str, float] = field(default_factory=dict)
@@ -332,8 +335,10 @@ def step_time(
     check_gpu(gpu, compute_dtype(ctx), ctx)
     flags = overlap.resolved(ctx)
     paired = paired_passes(ctx, flags)
-    k = job_pace(ctx, gpu)  # the slowest GPU's pace (planner/spread.py)
-    stages = [StageStep(s, slowest(stage_compute(ctx, s, gpu, paired=paired), k)) for s in range(ctx.par.pp)]
+    # the slowest GPU sets the pace (planner/spread.py): every kernel of the step is timed on that part (its clock
+    # / k), the spread being what that adds over the median part the kernel tables hold
+    gpu = slowest_part(gpu, job_pace(ctx, gpu))
+    stages = [_paced_stage(ctx, s, gpu, paired) for s in range(ctx.par.pp)]
     totals = _assign_calls(ctx, calls, stages, flags, gpu)
     if ctx.training and ctx.work.cpu_offloading_num_layers:
         for st in stages:
@@ -942,13 +947,21 @@ def _fsdp_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep], gp
             extra.append(
                 fsdp_copy_kernels(gathered, gathers, reduced, reduces, ctx.param_bytes, ctx.grad_bytes, gpu, eff)
             )
-        _into_passes(st, *extra, job_pace(ctx, gpu))
+        _into_passes(st, *extra)
 
 
-def _into_passes(st: StageStep, forward: Sequence, backward: Sequence, pace: float) -> None:
+def _paced_stage(ctx: Context, s: int, gpu: GPUSpec, paired: bool) -> StageStep:
+    """Stage ``s``'s compute on the paced part ``gpu`` (spread.slowest_part) and what the pace added."""
+    comp = stage_compute(ctx, s, gpu, paired=paired)
+    if gpu.part_clock == 1.0:
+        return StageStep(s, comp)
+    return StageStep(s, comp, spread=compute_spread(comp, stage_compute(ctx, s, median_part(gpu), paired=paired)))
+
+
+def _into_passes(st: StageStep, forward: Sequence, backward: Sequence) -> None:
     """Adds a stage's per-micro-batch memory-bound kernels on the compute stream (the FSDP2 and SP copies) into its
-    forward and backward passes, at the slowest GPU's ``pace`` as the stage's own kernels (spread.job_pace)."""
-    fwd, bwd = (PassTime(elementwise_s=pace * sum(k.time_s for k in ks)) for ks in (forward, backward))
+    forward and backward passes (timed on step_time's paced part: HBM-bound, the clock does not move them)."""
+    fwd, bwd = (PassTime(elementwise_s=sum(k.time_s for k in ks)) for ks in (forward, backward))
     if fwd.elementwise_s or bwd.elementwise_s:
         c = st.compute
         st.compute = replace(c, forward=c.forward + fwd, backward=c.backward + bwd)
@@ -990,7 +1003,7 @@ def _sp_layout_copies(ctx: Context, totals: StreamTotals, stages: list[StageStep
                 nbytes, copies = _strided_reads(ctx, totals, i, gpu)
                 sums["allgather"] = [sums["allgather"][0] + nbytes, sums["allgather"][1] + copies]
             extra.append(sp_layout_copy_kernels(*sums["allgather"], *sums["reducescatter"], gpu, eff))
-        _into_passes(st, *extra, job_pace(ctx, gpu))
+        _into_passes(st, *extra)
 
 
 def _strided_reads(ctx: Context, totals: StreamTotals, i: int, gpu: GPUSpec) -> tuple[float, float]:
@@ -1047,19 +1060,29 @@ def _split_gemms(ctx: Context, stages: list[StageStep], gpu: GPUSpec, split) -> 
     Per micro-batch, into each stage's passes, for every layer; a fully recomputed layer adds the share of what its
     re-run runs (kernels.full_rerun). Left out without ``gpu``, as the FSDP2 copies are (the search's lower
     bounds)."""
-    eff, k = efficiency(gpu, None), job_pace(ctx, gpu)  # the pieces at the slowest GPU's pace, as the layer's GEMMs
+    median = median_part(gpu)  # the pieces' own spread (StageStep.spread), where step_time's part is paced
     for st in stages:
-        fwd, bwd = PassTime(), PassTime()
-        for (moe, plan), count in layer_counts(ctx, st.stage).items():
-            f_gemm, f_mem, b_gemm = split(ctx, moe, gpu, eff)
-            fwd = fwd + PassTime(gemm_s=f_gemm, elementwise_s=f_mem).scaled(count)
-            redo = PassTime()
-            if plan.kind == "full":  # the re-run's share: full_rerun's GEMMs (torch's stops before fc2)
-                r_gemm, r_mem, _ = split(ctx, moe, gpu, eff, True)
-                redo = PassTime(gemm_s=r_gemm, elementwise_s=r_mem)
-            bwd = bwd + (PassTime(gemm_s=b_gemm) + redo).scaled(count)
+        fwd, bwd = _split_passes(ctx, st.stage, gpu, split)
+        if median is not gpu:
+            f_med, b_med = _split_passes(ctx, st.stage, median, split)
+            f, b, o = st.spread
+            st.spread = (f + pass_spread(fwd, f_med), b + pass_spread(bwd, b_med), o)
         c = st.compute
-        st.compute = replace(c, forward=c.forward + slowest_pass(fwd, k), backward=c.backward + slowest_pass(bwd, k))
+        st.compute = replace(c, forward=c.forward + fwd, backward=c.backward + bwd)
+
+
+def _split_passes(ctx: Context, stage: int, gpu: GPUSpec, split) -> tuple[PassTime, PassTime]:
+    """What ``split``'s pieces add to one forward and one backward of ``stage`` on ``gpu`` (_split_gemms)."""
+    eff, fwd, bwd = efficiency(gpu, None), PassTime(), PassTime()
+    for (moe, plan), count in layer_counts(ctx, stage).items():
+        f_gemm, f_mem, b_gemm = split(ctx, moe, gpu, eff)
+        fwd = fwd + PassTime(gemm_s=f_gemm, elementwise_s=f_mem).scaled(count)
+        redo = PassTime()
+        if plan.kind == "full":  # the re-run's share: full_rerun's GEMMs (torch's stops before fc2)
+            r_gemm, r_mem, _ = split(ctx, moe, gpu, eff, True)
+            redo = PassTime(gemm_s=r_gemm, elementwise_s=r_mem)
+        bwd = bwd + (PassTime(gemm_s=b_gemm) + redo).scaled(count)
+    return fwd, bwd
 
 
 def _assign_calls(ctx: Context, calls: Sequence, stages: list[StageStep], flags: Overlap, gpu: GPUSpec) -> StreamTotals:
@@ -1269,7 +1292,7 @@ def _training(
         stages,
         events,
         caveats(passes, sched),
-        stage_spread(st.compute, job_pace(ctx, gpu), runs),
+        runs * (st.spread[0] + st.spread[1]) + st.spread[2],
     )
 
 
@@ -1314,14 +1337,14 @@ def chunk_shares(ctx: Context, st: StageStep, gpu: GPUSpec) -> list[float] | Non
     if len(chunks) == 1:
         return None
     kinds = ctx.chunk_kinds[st.stage]
-    k = job_pace(ctx, gpu)  # the layers and the embedding at the pace the stage's forward runs (planner/spread.py)
-    per_layer = {moe: slowest_pass(layer_forward(ctx, moe, gpu)[0], k).total_s for moe in set().union(*kinds)}
+    # ``gpu`` is the part the stage's forward was timed on (step_time's paced part; planner/spread.py)
+    per_layer = {moe: layer_forward(ctx, moe, gpu)[0].total_s for moe in set().union(*kinds)}
     sums: dict = {}  # chunks of the same layer kinds take the same time
     for ks in kinds:
         if ks not in sums:
             sums[ks] = sum(per_layer[k] for k in ks)
     times = [sums[ks] for ks in kinds]
-    embed = slowest_pass(embedding_pass(ctx, gpu)[0], k).total_s if ctx.training and ctx.is_first(st.stage) else 0.0
+    embed = embedding_pass(ctx, gpu)[0].total_s if ctx.training and ctx.is_first(st.stage) else 0.0
     head = max(0.0, st.compute.forward.total_s - sum(times) - embed)  # the LM head and loss, where the loss is
     ends = ((head if c.loss else 0.0) + (embed if c.embedding else 0.0) for c in chunks)
     times = [t + e for t, e in zip(times, ends, strict=True)]
@@ -1497,8 +1520,7 @@ def _inference(ctx: Context, stages: list[StageStep], sched: Schedule, gpu: GPUS
     w = ctx.work
     tokens = w.batch_size if w.phase == "decode" else w.batch_size * (w.context_length or ctx.model.seq_length)
     crit = max(range(len(stages)), key=lambda s: stages[s].forward_s)
-    k = job_pace(ctx, gpu)
-    spread = sum(spread_share(st.compute.forward, k) for st in stages)
+    spread = sum(st.spread[0] for st in stages)
     return StepTime(t, compute, exposed, 0.0, _mfu(ctx, tokens, t, gpu), tokens / t, crit, stages, events, [], spread)
 
 

@@ -102,8 +102,9 @@ class GPUIn(Strict):
         le=VARIABILITY_RANGE[1],
         description=f"GPU-to-GPU spread of sustained throughput, a robust sigma as a fraction of the median part's "
         f"time; within [{VARIABILITY_RANGE[0]:g}, {VARIABILITY_RANGE[1]:g}]; absent: {GPU_VARIABILITY:g} (Sinha et "
-        "al. SC'22's 8% average 4·IQR / median spread, / (4 x 1.349)); 0 turns it off. A synchronous job runs at "
-        "its slowest GPU's pace: sigma x E[max of N normals] of its GPU-bound time. Alone, it applies to the "
+        "al. SC'22 arXiv v3's 8% average spread, read as 4·IQR / median, / (4 x 1.349)); 0 turns it off. A "
+        "synchronous job runs at its slowest GPU's pace: that part's clock / (1 + sigma x E[max of N normals]), "
+        "which slows compute-bound kernels, not memory-bound ones. Alone, it applies to the "
         "cluster preset's GPU",
     )
 

@@ -40,26 +40,38 @@ DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 # load is higher); a profiler trace at two power limits refits it.
 STATIC_POWER_FRACTION = 0.2
 
-# GPU-to-GPU variability (spread15). Sinha, Guliani, Jain, Tran, Sinclair, Venkataraman, "Not All GPUs Are Created
-# Equal: Characterizing Variability in Large-Scale, Accelerator-Rich Systems", SC'22 (arXiv 2208.11035v3, abstract):
-# over more than 90% of the GPUs of Summit, Vortex, Frontera, Longhorn (V100) and Corona (MI60), SGEMM, ResNet-50,
-# BERT, LAMMPS and PageRank, "8% (max 22%) average performance variation", outliers up to 1.5x the median. Their
-# "variation" is the span of a box plot's whiskers over the median: the artifact's plot_script/plot_aggregated.py
-# (hal-uw/gpu_variability_sc22_artifact at bc84e72e77) computes `range = q3 + 1.5 * iqr - (q1 - 1.5 * iqr)`,
-# `percent_variability = range/q2 * 100`, i.e. 4·IQR / median. A normal's IQR is 2·Φ⁻¹(0.75)·σ = 1.349σ, so the
-# robust σ = variation / (4 x 1.349): the quartiles' σ, which the 1.5x outliers (broken parts operators drain) do not
-# move, where a sample standard deviation would follow them. From the 8% average: 1.48% of the median part's time.
-# One global figure: the fleets measured are V100 and MI60; no per-GPU quartiles of an A100/H100/B200 fleet were found
-# (docs/step-time.md "The slowest GPU sets the pace (spread15)"), so every generation takes it.
-VARIATION_AVERAGE = 0.08  # Sinha et al. SC'22, average over clusters and applications: 4·IQR / median
+# GPU-to-GPU variability (spread15; its evidence restated by mend15f after review r15e). Sinha, Guliani, Jain, Tran,
+# Sinclair, Venkataraman, "Not All GPUs Are Created Equal: Characterizing Variability in Large-Scale, Accelerator-Rich
+# Systems", SC'22. Two versions give two figures (tests/reference/variability/sinha_sc22.json):
+# - arXiv 2208.11035v3 (abstract): 5 clusters (Summit, Vortex, Frontera, Longhorn: V100; Corona: MI60), 18,800 hours,
+#   SGEMM, ResNet-50, BERT, LAMMPS, PageRank: "8% (max 22%) average performance variation", outliers up to 1.5x the
+#   median GPU. The 22% maximum lies below the 1.5x outliers, so this figure leaves the outliers out.
+# - the SC'22 proceedings page (sc22.supercomputing.org pap186): 4 clusters (no Frontera), "over 100,000 hours",
+#   "32% (max 72%) average performance variation". Exactly 4x v3's average: which metric each version uses is not
+#   stated in either abstract, and the paper's methods text was not read (not in the stored corpora).
+# This project takes v3's 8% (the later version, the one that excludes the outliers) and reads "variation" as the span
+# between a box plot's 1.5·IQR fences over the median, 4·IQR / median: THIS PROJECT'S READING, consistent with a
+# commented-out computation (`range = q3 + 1.5 * iqr - (q1 - 1.5 * iqr)`, `percent_variability = range/q2 * 100`) in
+# a 2024 plotting script of the authors' artifact (hal-uw/gpu_variability_sc22_artifact at bc84e72e77,
+# plot_script/plot_aggregated.py l. 105-114, on the later Frontera/Longhorn ML data), not defined by it. A normal's
+# IQR is 2·Φ⁻¹(0.75)·σ = 1.349σ, so σ = variation / (4 x 1.349) = 1.48% of the median part's time; were the 8% one
+# IQR / median, σ would be 5.93% (x4). The fences sit at ±2.70σ (tail 0.35%): the expected slowest of N parts passes
+# the upper fence from N ~ 290 on, where the source's box plots call parts outliers; those rows rely on operators
+# draining the outliers (docs/step-time.md). Per generation: the only per-part fleet quartiles read are V100's and
+# MI60's (Sinha et al.); the ICPP'22 study of 856 P100/V100/A100 parts (48 CUDA kernels; "Analyzing Performance and
+# Power-Efficiency Variations among NVIDIA GPUs") finds the spread depends on the kernel and the generation, but only
+# its abstract was in hand, no A100 figure; PAL (SC'24, arXiv 2408.11919) the same on the application. So Ampere,
+# Hopper and Blackwell carry Volta's figure (docs/step-time.md "Review r15e's findings (mend15f)"). Never chosen by
+# the published runs' error.
+VARIATION_AVERAGE = 0.08  # Sinha et al. arXiv v3, average over clusters and applications (read as 4·IQR / median)
 VARIATION_MAX = 0.22  # the same, the largest (cluster, application)
-WHISKER_SPAN_IQR = 4.0  # (Q3 + 1.5 IQR) - (Q1 - 1.5 IQR) = 4 IQR (the artifact's percent_variability)
+WHISKER_SPAN_IQR = 4.0  # (Q3 + 1.5 IQR) - (Q1 - 1.5 IQR) = 4 IQR: this project's reading of "variation"
 NORMAL_IQR_SIGMAS = 1.3489795003921634  # 2·Φ⁻¹(0.75): a normal's IQR in standard deviations
-VARIABILITY_RANGE = (0.0, 0.2)  # an input's bounds (cluster.gpu.variability): 0 turns it off; 0.2 is 3x the max
+VARIABILITY_RANGE = (0.0, 0.2)  # an input's bounds (cluster.gpu.variability): 0 turns it off; 0.2 is 4.9x the max σ
 
 
 def sigma_from_variation(variation: float) -> float:
-    """A robust σ (a fraction of the median) from Sinha et al.'s variation, 4·IQR / median: IQR / 1.349."""
+    """A robust σ (a fraction of the median) from Sinha et al.'s variation read as 4·IQR / median: IQR / 1.349."""
     return variation / (WHISKER_SPAN_IQR * NORMAL_IQR_SIGMAS)
 
 
@@ -113,14 +125,18 @@ class GPUSpec:
     gemm_table: MeasuredGemm | None = None
     # GPU-to-GPU spread of sustained throughput (a robust σ, a fraction of the median part's time; GPU_VARIABILITY)
     variability: float = GPU_VARIABILITY
+    # this part's clock over the median part's of its SKU (1.0: the median part the kernel tables were measured on;
+    # planner/spread.py slowest_part sets 1 / pace for the slowest part of a job). Not an input: never in a request.
+    part_clock: float = 1.0
 
     def clock_scale(self) -> float:
         """Sustained tensor-core clock at ``power_limit_w`` as a fraction of the clock at the default limit:
-        P = P_static + P_dyn·(f/f_tdp)³ solved for f (STATIC_POWER_FRACTION). HBM runs at its own clock."""
+        P = P_static + P_dyn·(f/f_tdp)³ solved for f (STATIC_POWER_FRACTION), times ``part_clock``. HBM runs at its
+        own clock."""
         if self.power_limit_w is None or not self.tdp_w or self.power_limit_w >= self.tdp_w:
-            return 1.0
+            return self.part_clock
         static = STATIC_POWER_FRACTION * self.tdp_w
-        return max(0.0, (self.power_limit_w - static) / (self.tdp_w - static)) ** (1 / 3)
+        return self.part_clock * max(0.0, (self.power_limit_w - static) / (self.tdp_w - static)) ** (1 / 3)
 
     def peak(self, dtype: str) -> float:
         """Peak dense FLOP/s for ``dtype``; fp8 falls back to bf16 on parts without fp8 tensor cores."""
@@ -138,7 +154,7 @@ class GPUSpec:
 def _gpu_hash(gpu: GPUSpec) -> int:
     fields = (gpu.name, tuple(sorted(gpu.peak_tflops.items())), gpu.hbm_bytes, gpu.hbm_GBps, gpu.sm, gpu.sms)
     rest = (gpu.power_limit_w, gpu.kernel_constants, gpu.host_cpu, gpu.sustained_clock, gpu.gemm_table, gpu.variability)
-    return hash((*fields, *rest))
+    return hash((*fields, *rest, gpu.part_clock))
 
 
 def _gpu(name, bf16, fp8, tf32, fp32, hbm_bytes, hbm_GBps, sm, links, source, power=(0, 0, 0), fp4=0.0):

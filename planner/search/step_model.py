@@ -65,7 +65,7 @@ from ..params import _holding, alike_stages
 from ..pipeline import busiest_rank_s, by_order, in_flight_chunks, losses_in_flight, pipeline_time, schedule_traits
 from ..pipeline_jitter import order_spans
 from ..recompute import layer_counts
-from ..spread import job_pace, slowest
+from ..spread import job_pace, slowest_part
 from ..step import (
     Overlap,
     StageStep,
@@ -512,15 +512,22 @@ class StepModel:
             optimizer = [0.0] * v.par.pp
             # once per class of alike stages: optimizer_key reads the stage's parameter counts alone (param_totals)
             for first, members in _alike(self._memos, ctx).items():
-                key = optimizer_key(ctx, first)
+                key = (optimizer_key(ctx, first), v.pace)  # on the paced part, as step.step_time's
                 found = memos.optimizer.get(key)
                 if found is None:
-                    found = optimizer_s(ctx, first, self.gpu) if ctx.training else 0.0
+                    found = optimizer_s(ctx, first, slowest_part(self.gpu, v.pace)) if ctx.training else 0.0
                     memos.put(memos.optimizer, key, found)
                 for s in members:
                     optimizer[s] = found
-            v.optimizer = tuple(o * v.pace for o in optimizer)  # at the pace, as slowest(StageCompute) has them
+            v.optimizer = tuple(optimizer)
             v.compute_id = memos.intern(("compute", v.pass_id, v.optimizer))
+
+    def _part(self, par: ParallelSpec):
+        """The part the layout's kernels are timed on: the slowest of its world (spread.slowest_part at the layout's
+        pace), as step.step_time times them."""
+        v = self._variant(par)
+        self._keys(v)
+        return slowest_part(self.gpu, v.pace)
 
     def _paired(self, v: _Variant) -> bool:
         """step.paired_passes of the layout under the StepModel's overlap, once per layout (on _keys' context)."""
@@ -532,15 +539,14 @@ class StepModel:
     def _stage(self, v: _Variant, b: int, rc: str, s: int) -> StageCompute:
         """Stage s's compute.stage_compute: its passes memoised on its interned pass key, its optimizer step."""
         memos, rest = self._memos, v.pass_keys[s]
-        part = memos.compute.get(((b, rc), rest))
-        if part is None:
-            part = stage_pass_compute(self._ctx(v, b, rc), s, self.gpu, paired=v.paired)
-            memos.put(memos.compute, ((b, rc), rest), part)
+        part = memos.compute.get(((b, rc), rest, v.pace))
+        if part is None:  # on the slowest part of the layout's world, as step.step_time (planner/spread.py)
+            part = stage_pass_compute(self._ctx(v, b, rc), s, slowest_part(self.gpu, v.pace), paired=v.paired)
+            memos.put(memos.compute, ((b, rc), rest, v.pace), part)
         # recompute_s (the backward's re-run share, compute.stage_recompute_s) stays 0.0: only the timeline
         # draws it (step._pass_comm_events), which the search never builds; the step time and its bounds do
         # not read it, and the reported layouts are build_plan's own
-        # step.step_time's own pace: slowest scales the passes; v.optimizer holds the paced steps (o x pace, as slowest)
-        return replace(slowest(StageCompute(*part, 0.0), v.pace), optimizer_s=v.optimizer[s])
+        return replace(StageCompute(*part, 0.0), optimizer_s=v.optimizer[s])
 
     # ---- bounds ----------------------------------------------------------------------------------------------
     def _shares(self, v: _Variant, b: int, rc: str) -> tuple | None:
@@ -568,7 +574,9 @@ class StepModel:
                 part_key = ((b, rc), v.layer_key, comp[s].forward.total_s, chunks, v.pace)  # shares read the pace
                 part = memos.shares.get(part_key)
                 if part is None:
-                    part = memos.put(memos.shares, part_key, chunk_shares(ctx, StageStep(s, comp[s]), self.gpu))
+                    part = memos.put(
+                        memos.shares, part_key, chunk_shares(ctx, StageStep(s, comp[s]), slowest_part(self.gpu, v.pace))
+                    )
                 out.append(part)
             found = memos.put(memos.share_lists, key, tuple(out))
         return found
@@ -602,7 +610,9 @@ class StepModel:
         key = ((b, rc), v.pass_id, v.chunks_id, sched)
         if key in self._memos.bounds:  # the passes do not read the optimizer step: layouts differing in ZeRO share it
             return key, None, sched
-        passes = stage_passes(self._ctx(v, b, rc), [StageStep(s, c) for s, c in enumerate(comp)], self.gpu, shares)
+        passes = stage_passes(
+            self._ctx(v, b, rc), [StageStep(s, c) for s, c in enumerate(comp)], slowest_part(self.gpu, v.pace), shares
+        )
         return key, passes, sched
 
     def _layer_id(self, v: _Variant) -> int:
@@ -702,7 +712,9 @@ class StepModel:
                     # one stage per distinct pass key: a stage's pass reads its passes alone (no shares, no
                     # optimizer step), so alike stages give equal passes and the slowest is among these
                     stages = [StageStep(s, self._stage(v, b, rc, s)) for s in v.distinct]
-                    passes = stage_passes(self._ctx(v, b, rc), stages, self.gpu, (None,) * v.par.pp)  # no shares
+                    passes = stage_passes(
+                        self._ctx(v, b, rc), stages, slowest_part(self.gpu, v.pace), (None,) * v.par.pp
+                    )  # no shares
                     found = memos.put(memos.bounds, key, busiest_rank_s(passes, self._schedule(v, b)))
                 out.append(found)
             bounds = memos.put(memos.arrays, array_key, np.array(out, dtype=np.float64))
@@ -758,7 +770,7 @@ class StepModel:
         if not self.timed:
             return 0.0
         ctx, stages, sched, flags, shares = self._refined_path(par, b, rc, data)
-        return critical_path(ctx, stages, sched, self.gpu, flags, bound=True, shares=shares).time_s
+        return critical_path(ctx, stages, sched, self._part(par), flags, bound=True, shares=shares).time_s
 
     def _refined_path(self, par: ParallelSpec, b: int, rc: str, data: Part) -> tuple:
         """``refined_bound``'s critical_path arguments (context, stages, schedule, overlap, shares)."""
@@ -794,7 +806,7 @@ class StepModel:
             ctx, stages, sched, _, shares = (
                 self._floor_path(par, b, data) if rc is None else self._refined_path(par, b, rc, data)
             )
-            passes = stage_passes(ctx, stages, self.gpu, shares)
+            passes = stage_passes(ctx, stages, self._part(par), shares)
             if by_order(passes, sched):
                 jobs.append((passes, sched))
         order_spans(jobs)
@@ -808,7 +820,7 @@ class StepModel:
         if not self.timed:
             return 0.0
         ctx, stages, sched, flags, shares = self._floor_path(par, b, data)
-        path = critical_path(ctx, stages, sched, self.gpu, flags, bound=True, shares=shares)
+        path = critical_path(ctx, stages, sched, self._part(par), flags, bound=True, shares=shares)
         opt = [st.compute.optimizer_s for st in stages]
         # never below 0 (communication only adds): time - sync rounds the optimizer step by an ulp
         return max(0.0, path.exposed_dp_s[0] + stages[0].tail_s + (path.time_s - path.sync_s) - max(opt))
@@ -827,9 +839,11 @@ class StepModel:
         totals = parts[0].totals(m, zero, par.pp)
         for part in parts[1:]:
             totals = totals + part.totals(m, zero, par.pp)
-        assign_streams(ctx, totals, stages, flags, self.gpu)
+        assign_streams(ctx, totals, stages, flags, slowest_part(self.gpu, v.pace))
         sched = schedule_for(ctx, totals, bool(flags.overlap_p2p))
-        return critical_path(ctx, stages, sched, self.gpu, flags, shares=self._shares(v, b, rc)).time_s
+        return critical_path(
+            ctx, stages, sched, slowest_part(self.gpu, v.pace), flags, shares=self._shares(v, b, rc)
+        ).time_s
 
 
 # layer_floors' shave: stage_layers_s sums the layers' totals, the pass their PassTimes' parts (another order of

@@ -92,6 +92,7 @@ from ..ledger import Call
 from ..parallel import ParallelSpec
 from ..plan import Options, Plan, PricedCall, price_calls
 from ..rules.engine_step import BLOCK_OUTPUTS, fused
+from ..spread import paced_gpu
 from ..workload import DTYPE_BYTES
 
 ONESHOT, TWOSHOT, NCCL = "oneshot", "twoshot", "nccl"
@@ -383,7 +384,9 @@ def engine_allreduce_step(plan: Plan, policy: AllReducePolicy, ctx: Context, clu
             continue
         norm = norms.get(_block(call)) if absorbs else None
         if norm and not kernels:
-            kernels = {k.name: k.time_s for k in layer_kernels(ctx, False, cluster.gpu).forward}
+            # on the part the step's kernels were timed on (the slowest GPU, planner/spread.py), so no time is left
+            # behind; HBM-bound, the pace does not move them, so StepTime.spread_s keeps its value
+            kernels = {k.name: k.time_s for k in layer_kernels(ctx, False, paced_gpu(ctx, cluster.gpu)).forward}
         saved = kernels.get("residual_add", 0.0) + kernels.get(norm, 0.0) if norm else 0.0
         # L fused MLP outputs apply L norms: the next L - 1 layers' input norms and the model's final norm, which
         # the planner charges as an input norm (kernels.final_norm_kernels, the same kernel over the same rows)

@@ -34,7 +34,7 @@ from ..compute import PassTime, layer_forward, pass_time
 from ..context import Context
 from ..kernels import Kernel, layer_kernels
 from ..plan import Plan, PricedCall
-from ..spread import job_pace, slowest_pass, spread_share
+from ..spread import median_part, paced_gpu, pass_spread
 from ..step import StepTime
 
 # ops of one MoE layer: compute segments (their kernels' seconds) and the EP exchange's launch (_a) and wait (_b)
@@ -217,14 +217,20 @@ def overlapped_step(
     comm_sms = COMM_SMS.get(dispatch, 0)
     ops = dict.fromkeys(COMPUTE_OPS, 0.0)
     layer_half = PassTime()
-    k = job_pace(ctx_whole, gpu)  # the slowest GPU's pace, as the whole step's compute has it (planner/spread.py)
+    part = paced_gpu(ctx_whole, gpu)  # the slowest GPU, as the whole step's compute is timed on (planner/spread.py)
+    median = median_part(part)
+    spread_half = 0.0  # what the pace adds to one mean half's MoE layer as the simulation runs it (its ops)
     for _, ctx, weight in halves:
-        for op, t in op_times(ctx, gpu, comm_sms).items():
-            ops[op] += weight * t * k
-        layer_half = layer_half + slowest_pass(pass_time(layer_kernels(ctx, True, gpu).forward), k).scaled(weight)
-    layer_whole = slowest_pass(layer_forward(ctx_whole, True, gpu)[0], k)
+        for op, t in op_times(ctx, part, comm_sms).items():
+            ops[op] += weight * t
+        spread_half += weight * (
+            sum(op_times(ctx, part, comm_sms).values()) - sum(op_times(ctx, median, comm_sms).values())
+        )
+        layer_half = layer_half + pass_time(layer_kernels(ctx, True, part).forward).scaled(weight)
+    layer_whole = layer_forward(ctx_whole, True, part)[0]
+    spread_whole = pass_spread(layer_whole, layer_forward(ctx_whole, True, median)[0])
     taxed = sum(ops.values()) - layer_half.total_s  # the GEMMs' extra seconds on fewer SMs, one half one layer
-    stages, total, compute = [], 0.0, 0.0
+    stages, total, compute, moe_layers = [], 0.0, 0.0, 0
     p2p = whole.step.time_s - sum(st.forward_s for st in whole.step.stages)
     for st in whole.step.stages:
         moe = ctx_whole.moe_layers(st.stage)
@@ -238,6 +244,7 @@ def overlapped_step(
         for plan, _, weight in halves:
             for side, t in exchange_times(plan.calls, st.stage).items():
                 exchange[side] += weight * t
+        moe_layers += moe
         sim = simulate(strategy, moe, ops, exchange)
         forward = st.compute.forward + layer_half.scaled(2 * moe) + layer_whole.scaled(-moe)
         forward = forward + PassTime(gemm_s=2 * moe * taxed)
@@ -255,7 +262,7 @@ def overlapped_step(
     new_step = StepTime(
         time_s, compute, time_s - compute, step.bubble_s, step.mfu * step.time_s / time_s,
         step.tokens_per_s * step.time_s / time_s, max(range(len(stages)), key=lambda s: stages[s].forward_s), stages,
-        step.timeline, spread_s=sum(spread_share(st.compute.forward, k) for st in stages),
+        step.timeline, spread_s=step.spread_s + moe_layers * (2 * spread_half - spread_whole),
     )  # fmt: skip
     # the MoE layers' exchanges run once per half (a half of weight 1 stands for both; a prompt cut into two chunks
     # is listed as one call of both chunks' bytes); every other call runs once on the whole batch

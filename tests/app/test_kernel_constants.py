@@ -12,7 +12,7 @@ from app.settings import Settings
 from planner import Context
 from planner.compute import stage_compute
 from planner.kernels import EFFICIENCY
-from planner.spread import job_pace, slowest
+from planner.spread import job_pace, slowest_part
 
 PLAN = {
     "model": {"preset": "llama3-8b"},
@@ -44,8 +44,8 @@ def test_a_gemm_ceiling_moves_the_gemms_and_only_them(api):
     model, work, par, cluster, _ = plan_inputs(PlanRequest.model_validate(PLAN), Settings())
     ctx = Context(model, work, par)
     k = job_pace(ctx, cluster.gpu)  # the plan's compute at the slowest of its 8 GPUs' pace (spread15)
-    default = slowest(stage_compute(ctx, 0, cluster.gpu, EFFICIENCY), k)
-    halved = slowest(stage_compute(ctx, 0, cluster.gpu, replace(EFFICIENCY, gemm_ceilings=(("bf16", 0.43),))), k)
+    default = stage_compute(ctx, 0, slowest_part(cluster.gpu, k), EFFICIENCY)
+    halved = stage_compute(ctx, 0, slowest_part(cluster.gpu, k), replace(EFFICIENCY, gemm_ceilings=(("bf16", 0.43),)))
     gemm = default.forward.gemm_s + default.backward.gemm_s
     assert (halved.forward.gemm_s + halved.backward.gemm_s) / gemm == pytest.approx(2.0, abs=0.005)
     assert halved.optimizer_s == default.optimizer_s and halved.forward.attention_s == default.forward.attention_s
@@ -54,7 +54,8 @@ def test_a_gemm_ceiling_moves_the_gemms_and_only_them(api):
     assert before == pytest.approx(2 * (default.forward.total_s + default.backward.total_s) + default.optimizer_s)
     # GEMMs share (embedding lookup, final norm and the optimizer step: not; 1.7310 before small9 charged
     # Megatron-Core's whole-gradient-buffer zeroing, kernels.grad_buffer_bytes)
-    assert after / before == pytest.approx(1.7271, abs=1e-3)
+    # 1.7271 -> 1.7282 (mend15f): the pace now slows the clock-bound GEMMs alone, not the norms or the optimizer
+    assert after / before == pytest.approx(1.7282, abs=1e-3)
 
 
 def test_batch_search_and_serve_take_the_constants(api):

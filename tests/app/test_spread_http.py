@@ -46,7 +46,7 @@ def test_default_off_and_given(api):
     assert off["cluster"]["gpu"]["variability"] == 0.0
     rows = {r["field"]: r for r in default["assumptions"]}
     row = rows["cluster.gpu.variability"]
-    assert row["value"] == f"1.48% sigma; the slowest of 32 GPUs: +{k_default - 1:.2%} GPU-bound time"
+    assert row["value"] == f"1.48% sigma; the slowest of 32 GPUs: +{k_default - 1:.2%} compute-bound time"
     assert "Sinha et al. SC'22" in row["source"] and "1.48%" in row["source"]
     assert not math.isnan(default["step"]["spread_s"])
 

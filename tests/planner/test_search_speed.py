@@ -23,7 +23,7 @@ from planner.search.evaluate import data_template, screen_shapes, space_of, time
 from planner.search.prices import Pricer, shared_curves
 from planner.search.space import MEMORY
 from planner.search.step_model import StepModel
-from planner.spread import job_pace, slowest
+from planner.spread import job_pace, slowest_part
 from planner.step import Overlap, StageStep, critical_path, schedule_of
 
 DEVICES = 256
@@ -86,7 +86,7 @@ def test_data_rule_reads_cp_and_dp_only_as_their_product():
 
 def test_stage_parts_shared_across_shapes_equal_compute_and_memory():
     """Per-stage compute and activations memoised across shapes (different pp, dp, uneven ends, schedules)
-    equal compute.stage_compute at the layout's pace (spread.slowest) and memory.stage_activation_bytes bit for
+    equal compute.stage_compute on the slowest part (spread.slowest_part) and memory.stage_activation_bytes bit for
     bit, but for the backward's recompute share (``recompute_s``), which the search leaves at 0.0: only the
     timeline draws it, and the step's critical path is the same bit for bit without it."""
     model = MODEL_PRESETS["llama3-405b"]
@@ -104,7 +104,7 @@ def test_stage_parts_shared_across_shapes_equal_compute_and_memory():
             ctx = Context(model, replace(work, micro_batch_size=b, activation_recompute=rc), par)
             # as step.step_time has them: at the slowest of the layout's GPUs' pace (planner/spread.py, spread15)
             k = job_pace(ctx, cluster.spec.gpu)
-            exact = [slowest(stage_compute(ctx, s, cluster.spec.gpu), k) for s in range(par.pp)]
+            exact = [stage_compute(ctx, s, slowest_part(cluster.spec.gpu, k)) for s in range(par.pp)]
             unread = [replace(c, recompute_s=0.0) for c in exact]
             assert sm._stage_compute(par, b, rc) == unread
             sched = schedule_of(ctx)

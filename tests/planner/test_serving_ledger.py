@@ -22,6 +22,7 @@ from planner.serving.deployment import (
     with_redundant_experts,
 )
 from planner.serving.overlap import COMM_SMS, SGLANG_DECODE, SGLANG_PREFILL, exchange_times, op_times, simulate
+from planner.spread import paced_gpu
 
 DSV3, LLAMA8B = MODEL_PRESETS["deepseek-v3"], MODEL_PRESETS["llama3-8b"]
 H, E, K, MOE_LAYERS = 7168, 256, 8, 58  # DeepSeek-V3: hidden, routed experts, top-k, 61 - 3 dense layers
@@ -159,10 +160,13 @@ def test_two_batch_overlap_hides_part_of_the_ep_exchange():
     w = _worker(served, TWO_NODES, engine("sglang"), pool, 0)
     half = _step(served, w, options, "decode", 128 * 16, 350)
     whole = _step(served, w, options, "decode", 256 * 16, 350)
-    par, gpu = w.decode_par, TWO_NODES.gpu
+    par = w.decode_par
     assert par.ep_dispatch == "deepep_ll"  # decode: the low-latency kernels, which hold no SMs in flight
     ctx_half = _context(served, options, "decode", 128 * 16, 350, par, w)
     ctx_whole = _context(served, options, "decode", 256 * 16, 350, par, w)
+    # the step's kernels are timed on the slowest of its 16 GPUs (planner/spread.py; spread15 left this test on the
+    # median part, failing on main at 227d02b; mend15f)
+    gpu = paced_gpu(ctx_whole, TWO_NODES.gpu)
     ops, ex = op_times(ctx_half, gpu, 0), exchange_times(half.calls, 0)
     assert ex["dispatch"] == _ep_rows(half.calls)["ep.dispatch.ll"].price.time_s
     assert ex["combine"] == _ep_rows(half.calls)["ep.combine.ll"].price.time_s
@@ -230,7 +234,8 @@ def test_uneven_halves_are_the_mean_of_the_larger_and_the_smaller():
     w = _worker(DSV3, TWO_NODES, engine("sglang"), pool, 0)
     step = _overlapped(DSV3, w, on, "decode", 3 * 16, 350)
     whole = _step(DSV3, w, on, "decode", 3 * 16, 350)
-    layer = {n: layer_forward(_context(DSV3, on, "decode", n * 16, 350, w.decode_par, w), True, TWO_NODES.gpu)[0]
+    gpu = paced_gpu(_context(DSV3, on, "decode", 3 * 16, 350, w.decode_par, w), TWO_NODES.gpu)  # the slowest part
+    layer = {n: layer_forward(_context(DSV3, on, "decode", n * 16, 350, w.decode_par, w), True, gpu)[0]
              for n in (1, 2, 3)}  # fmt: skip
     # decode's low-latency kernels hold no SMs: no GEMM tax
     moe = MOE_LAYERS * (layer[2].total_s + layer[1].total_s - layer[3].total_s)

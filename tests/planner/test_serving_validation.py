@@ -36,17 +36,18 @@ def test_two_batch_overlap_rows(lmsys):
     activation writing fc2's fp8 input): prefill +15.7% -> +14.7%, decode -4.8% -> +0.1% (docs/serving.md
     "DeepSeek-V3 prefill, round 15 (dsv3s15)"). spread15 on top (merged after): each step at the pace of the slowest of
     its 32 / 72 GPUs (planner/spread.py, sigma 1.48% from Sinha et al. SC'22): +11.9% and -1.3% (TBO off -17.7%,
-    -9.2%)."""
+    -9.2%). mend15f: that part at clock / pace, the memory-bound kernels (and a decode step's HBM-bound GEMMs) not
+    slowed: +12.3% and -0.6% (TBO off -17.5%, -8.3%)."""
     on = {r["row"].split(",")[0]: r for r in lmsys if r["two_batch_overlap"]}
     assert on["DeepSeek-V3 prefill"]["published"] == 52_300 and on["DeepSeek-V3 decode"]["published"] == 22_300
-    assert on["DeepSeek-V3 prefill"]["error"] == pytest.approx(0.119, abs=0.005)
-    assert on["DeepSeek-V3 decode"]["error"] == pytest.approx(-0.013, abs=0.005)
+    assert on["DeepSeek-V3 prefill"]["error"] == pytest.approx(0.123, abs=0.005)
+    assert on["DeepSeek-V3 decode"]["error"] == pytest.approx(-0.006, abs=0.005)
     off = {r["row"].split(",")[0]: r for r in lmsys if not r["two_batch_overlap"]}
     gain = {k: on[k]["predicted"] / off[k]["predicted"] for k in on}
     # the overlap is worth 32% in prefill (34% at the 0.852 clock) and 9% in decode here (serve14: 1.313, 1.081;
     # bwcast14: 1.351, 1.078, the GEMMs shorter against the same exchanges; dsv3p14: 1.341, 1.072; deepep14: 1.376,
     # the longer exchanges cost the serial step more than the overlapped one; dsv3s15: 1.370 and 1.083; with spread15
-    # 1.360 and 1.087)
+    # 1.360 and 1.087; mend15f 1.361 and 1.085)
     assert gain["DeepSeek-V3 prefill"] == pytest.approx(1.360, abs=0.02)
     assert gain["DeepSeek-V3 decode"] == pytest.approx(1.08, abs=0.02)
 
@@ -73,14 +74,15 @@ def test_dense_table_held_out():
     (planner/spread.py; the TP1 rows unchanged, TP2 x 1.008, TP8 x 1.021 of their GPU-bound time): 4.5% -> 5.4%,
     signed -0.2% -> -1.8% (bench/serving_validation.py), worst -19.0%, seventeen rows over (up to +9.9%); the first
     24 5.4% (docs/step-time.md "The slowest GPU sets the pace (spread15)": serving's rows read worse, reported, not
-    tuned)."""
+    tuned). mend15f: the pace through the clock (decode's HBM-bound GEMMs, norms and casts do not slow): 5.4% ->
+    5.0%, signed -1.8% -> -1.5%, worst -19.0%, nineteen rows over."""
     assert len(REQUESTS) == 10 and sum(len(rows) for *_, rows in DENSE) == 40
     assert DENSE[1][3][(128, 2048)] == 4336  # H200 TP1 (FP8), 128/2048, the doc's table
     assert DENSE[3][3][(20000, 2000)] == 505 and REQUESTS[(20000, 2000)] == 1000
     rows = dense_table()
-    assert median_abs(rows) == pytest.approx(0.054, abs=0.005)
+    assert median_abs(rows) == pytest.approx(0.050, abs=0.005)
     assert median_abs(rows[:6] + rows[10:16] + rows[20:26] + rows[30:36]) == pytest.approx(0.054, abs=0.005)
-    assert all(-0.21 < r["error"] < 0.12 for r in rows) and sum(r["error"] > 0 for r in rows) == 17
+    assert all(-0.21 < r["error"] < 0.12 for r in rows) and sum(r["error"] > 0 for r in rows) == 19
     assert all(r["batch"] <= REQUESTS[tuple(map(int, r["row"].split()[-1].split("/")))] for r in rows)
 
 
@@ -104,11 +106,11 @@ def test_nvfp4_table_held_out():
     rows over (up to +12.7%, 70B B200 1000/2000); docs/step-time.md "One quantize per GEMM (bwcast14)". mend14a: the
     FP8 context FMHA by its own fitted ceiling and s0 (its speedup growing with the prompt): 10.4%, signed -8.9%,
     worst -20.0%. spread15 (the TP4 rows at the slowest of 4 GPUs' pace, x 1.015): 11.0%, signed -9.4%, worst
-    -20.9%."""
+    -20.9%; mend15f (the pace through the clock): 10.8%, -9.3%, -20.7%."""
     rows = fp4_table()
     assert len(rows) == 40 and rows[0]["published"] == 11_147  # 70B B200 TP1 128/128, the doc's table
     med, signed, worst = summary(rows)
-    assert med == pytest.approx(0.110, abs=0.003) and signed == pytest.approx(-0.094, abs=0.003)
-    assert worst == pytest.approx(-0.209, abs=0.003)
+    assert med == pytest.approx(0.108, abs=0.003) and signed == pytest.approx(-0.093, abs=0.003)
+    assert worst == pytest.approx(-0.207, abs=0.003)
     assert all(-0.22 < r["error"] < 0.13 for r in rows) and sum(r["error"] > 0 for r in rows) == 6
     assert all(r["batch"] <= r["requests"] for r in rows)

@@ -230,13 +230,15 @@ def test_the_re_entered_rows_errors():
              "Qwen3-30B-A3B FP8-CS, 16 H100", "Qwen3-30B-A3B MXFP8, 8 B200")  # fmt: skip
     errors = {n: step_validation.predict(CASES[f"Megatron-Bridge {n}"], DATA)["error"] for n in names}
     # spread15 (merged after mend15c): every step at the pace of its slowest GPU (planner/spread.py): -8.3 -> -6.9,
-    # -8.7 -> -6.0, -12.0 -> -9.2, +11.0 -> +12.3, +11.2 -> +12.1
+    # -8.7 -> -6.0, -12.0 -> -9.2, +11.0 -> +12.3, +11.2 -> +12.1; mend15f: the slowest part at clock / pace, its
+    # memory-bound kernels (norms, activations, casts, the optimizer step, the MoE permutes) not slowed: -6.9 -> -7.5,
+    # -6.0 -> -7.5, -9.2 -> -10.3, +12.3 -> +11.1, +12.1 -> +11.3
     assert {n: round(e, 3) for n, e in errors.items()} == {
-        "GPT-OSS-120B BF16, 64 B200": -0.069,
-        "GPT-OSS-120B BF16, 64 H100": -0.060,
-        "GPT-OSS-120B BF16, 64 GB200": -0.092,
-        "Qwen3-30B-A3B FP8-CS, 16 H100": 0.123,
-        "Qwen3-30B-A3B MXFP8, 8 B200": 0.121,
+        "GPT-OSS-120B BF16, 64 B200": -0.075,
+        "GPT-OSS-120B BF16, 64 H100": -0.075,
+        "GPT-OSS-120B BF16, 64 GB200": -0.103,
+        "Qwen3-30B-A3B FP8-CS, 16 H100": 0.111,
+        "Qwen3-30B-A3B MXFP8, 8 B200": 0.113,
     }
 
 
