@@ -82,8 +82,10 @@ def median_part(gpu):
 def pass_spread(paced: PassTime, median: PassTime) -> float:
     """What the slowest part added to a pass: its seconds on the paced part less on the median part. A host-bound
     pass's launch wait absorbs the slower kernels (compute.PassTime.host_s shrinks as they grow), so the difference of
-    the totals, not of the GPU-bound seconds, is what the step gains."""
-    return paced.total_s - median.total_s
+    the totals, not of the GPU-bound seconds, is what the step gains. Never below 0: a slower clock never speeds a
+    pass, and where the host's wait absorbs every kernel the two totals differ only by rounding (-1e-17 s had reached
+    the answer's step.spread_s: tests/app/test_hostile_combos.py)."""
+    return max(0.0, paced.total_s - median.total_s)
 
 
 def compute_spread(paced: StageCompute, median: StageCompute) -> tuple[float, float, float]:
@@ -92,7 +94,7 @@ def compute_spread(paced: StageCompute, median: StageCompute) -> tuple[float, fl
     return (
         pass_spread(paced.forward, median.forward),
         pass_spread(paced.backward, median.backward),
-        paced.optimizer_s - median.optimizer_s,
+        max(0.0, paced.optimizer_s - median.optimizer_s),
     )
 
 

@@ -262,7 +262,7 @@ def overlapped_step(
     new_step = StepTime(
         time_s, compute, time_s - compute, step.bubble_s, step.mfu * step.time_s / time_s,
         step.tokens_per_s * step.time_s / time_s, max(range(len(stages)), key=lambda s: stages[s].forward_s), stages,
-        step.timeline, spread_s=step.spread_s + moe_layers * (2 * spread_half - spread_whole),
+        step.timeline, spread_s=max(0.0, step.spread_s + moe_layers * (2 * spread_half - spread_whole)),
     )  # fmt: skip
     # the MoE layers' exchanges run once per half (a half of weight 1 stands for both; a prompt cut into two chunks
     # is listed as one call of both chunks' bytes); every other call runs once on the whole batch

@@ -152,3 +152,17 @@ def test_the_tp_overlap_pieces_carry_their_spread(framework):
     off = build_plan(model, work, par, off_node, options).step
     assert on.spread_s > 0.0 and off.spread_s == 0.0
     assert on.compute_s - on.spread_s == pytest.approx(off.compute_s, rel=1e-9)
+
+
+def test_a_pass_the_host_holds_gains_nothing_never_less():
+    """A host-bound pass absorbs its slower kernels in the launch wait: the paced and median totals then differ by
+    rounding only, and -1.4e-17 s had reached the answer's step.spread_s (the fresh-clone suite's hostile combos:
+    Mixtral 8x22B on 8 GH200). A slower clock never speeds a pass: pass_spread is 0 there, and the difference else."""
+    from planner.compute import PassTime
+    from planner.spread import pass_spread
+
+    median = PassTime(gemm_s=0.1, elementwise_s=0.2, host_s=0.3)
+    paced = PassTime(gemm_s=0.1, elementwise_s=0.2, host_s=0.3 - 1e-16)  # the wait shrank by a rounding
+    assert paced.total_s - median.total_s < 0
+    assert pass_spread(paced, median) == 0.0
+    assert pass_spread(PassTime(gemm_s=0.15, elementwise_s=0.2, host_s=0.3), median) == pytest.approx(0.05)
