@@ -10,6 +10,7 @@ from app.schemas.plan import PlanRequest
 from app.settings import Settings
 from planner import Context, compute, kernels
 from planner.kernels import FUSED_DROPOUT_SM_CYCLES, efficiency
+from planner.spread import job_pace, paced_gpu
 
 BODY = {
     "model": {"preset": "gpt3-175b", "num_layers": 2},
@@ -25,7 +26,10 @@ def test_a_gpt_plan_pays_the_fused_kernels_dropout_per_layer(api, monkeypatch):
     assert r.status_code == 200, r.text
     with_dropout = r.json()["step"]["compute_s"]
     model, work, par, cluster, _ = plan_inputs(PlanRequest.model_validate(BODY), Settings())
-    ctx, gpu = Context(model, work, par), cluster.gpu
+    ctx = Context(model, work, par)
+    # the step is timed on the slowest of the plan's 8 GPUs (planner/spread.py, spread15/mend15f): the part at clock
+    # / k, k = 1 + 1.48% x E[max of 8 normals] = 1.0211, which also runs the dropout's SM cycles k times slower
+    gpu, k = paced_gpu(ctx, cluster.gpu), job_pace(ctx, cluster.gpu)
     eff = efficiency(gpu, None)
     # the same plan without the kernel's dropout: the pure function with the table emptied (its memos bypassed)
     monkeypatch.setattr(kernels, "FUSED_DROPOUT_SM_CYCLES", {})
@@ -36,5 +40,5 @@ def test_a_gpt_plan_pays_the_fused_kernels_dropout_per_layer(api, monkeypatch):
     scores = 12 * 2048 * (2048 + 1) / 2  # 96 heads / tp 8, 2,048 queries, their mean attended keys (causal)
     cf, cb = FUSED_DROPOUT_SM_CYCLES["cudnn"]
     per_layer = scores * (cf + cb) / (132 * 1980e6)  # 53.0 us a layer, forward and backward
-    assert with_dropout - without == pytest.approx(2 * 2 * per_layer, rel=1e-6)  # m 2 x 2 layers
+    assert with_dropout - without == pytest.approx(2 * 2 * per_layer * k, rel=1e-6)  # m 2 x 2 layers
     assert 52.8e-6 < per_layer < 53.2e-6

@@ -198,6 +198,7 @@ def test_the_fused_grouped_mlp_over_http(api):
     kernel; the step's compute is exactly the planner's with the switch (planner/kernels.py FUSED_GROUPED_MLP)."""
     from planner.compute import layer_pass
     from planner.kernels import EFFICIENCY, layer_kernels
+    from planner.spread import paced_gpu
 
     answer = plan(api, MOE_MXFP8)
     per = answer["step"]["compute_s"]
@@ -213,9 +214,11 @@ def test_the_fused_grouped_mlp_over_http(api):
     qwen3, b200 = model_preset("qwen3-30b-a3b"), GPUS["b200-180gb"]
     ctxs = [Context(qwen3, w, ParallelSpec(dp=8, ep=8)) for w in works]
     # the per-expert layer syncs for its counts: its passes run through the host's queue (compute.layer_pass)
+    # on the slowest of the 8 GPUs, as the step times them (planner/spread.py; spread15/mend15f)
     per_layer = [
-        sum(layer_pass(c, layer_kernels(c, True, b200), EFFICIENCY, backward=b).total_s for b in (False, True))
+        sum(layer_pass(c, lk, EFFICIENCY, backward=b).total_s for b in (False, True))
         for c in ctxs
+        for lk in [layer_kernels(c, True, paced_gpu(c, b200))]
     ]
     # 48 MoE layers, 8 micro-batches a step (64 / dp 8): the step's compute moves by the layers' difference
     assert per - fused == pytest.approx(48 * 8 * (per_layer[0] - per_layer[1]), rel=1e-6)
