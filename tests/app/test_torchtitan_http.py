@@ -30,13 +30,14 @@ def _body(case: dict) -> dict:
 
 
 @pytest.mark.parametrize(
-    "name",
+    ("name", "error"),
     [
-        "torchtitan Llama3.1-8B FSDP, 8 H100",
-        "torchtitan Llama3.1-8B bf16 AsyncTP (2025-06), 64 H100",
+        # +0.3% since spread15/mend15f (the 8 GPUs' slowest part sets the pace, x 1.021 on its clock): -1.1% before
+        ("torchtitan Llama3.1-8B FSDP, 8 H100", 0.003),
+        ("torchtitan Llama3.1-8B bf16 AsyncTP (2025-06), 64 H100", -0.118),
     ],
 )
-def test_a_torchtitan_row_over_http_is_the_bench_prediction(api, name):
+def test_a_torchtitan_row_over_http_is_the_bench_prediction(api, name, error):
     case = ROWS[name]
     r = api.post("/v1/plan", json=_body(case))
     assert r.status_code == 200, r.text
@@ -44,8 +45,8 @@ def test_a_torchtitan_row_over_http_is_the_bench_prediction(api, name):
     assert out["cluster"]["gpu"]["power_limit_w"] == 500 and out["cluster"]["gpu"]["hbm_GBps"] == 2400
     expected = step_validation.predict(case, DATA)
     assert out["step"]["time_s"] == pytest.approx(expected["predicted_s"], rel=1e-9)
-    # the published figure, for the record: too fast (docs/step-time.md)
-    assert out["step"]["time_s"] < step_validation.measured_time(case, DATA)
+    # the published figure, for the record: the error docs/step-time.md's torchtitan table gives the row
+    assert out["step"]["time_s"] / step_validation.measured_time(case, DATA) - 1 == pytest.approx(error, abs=0.0005)
 
 
 def test_a_power_limit_below_the_h100s_range_is_named(api):

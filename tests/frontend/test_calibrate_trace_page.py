@@ -79,5 +79,6 @@ def test_a_host_bound_trace_gives_the_host_cost_per_launch_on_the_page(page):  #
     assert kernels == {"host_launch_s": 32.565e-6}
     wait_until(page, f"window.commplan.state.plan && window.commplan.state.plan.step.compute_s < {before}")
     after = page.evaluate("window.commplan.state.plan.step.compute_s")
-    # as POST /v1/plan with the returned cluster (tests/app/test_calibrate_host_launch.py; 2.452 / 2.703 before sus12)
-    assert after / before == pytest.approx(2.527 / 2.708, abs=0.005)
+    # as POST /v1/plan with the returned cluster (tests/app/test_calibrate_host_launch.py; 2.452 / 2.703 before sus12,
+    # 2.527 / 2.708 before spread15 ran the GPU-bound time at the slowest of the 8 H200s' pace, x 1.021 on its clock)
+    assert after / before == pytest.approx(2.552 / 2.710, abs=0.005)

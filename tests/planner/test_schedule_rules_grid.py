@@ -76,6 +76,12 @@ dualpipe13b's two copies' gradient sum (rules/data.py: the twins' dp replicas in
 FSDP2's reduced shards all-reduced across the copies) moved the 20 dualpipe plans and no other (checked case by case
 against main at 63eef51): Megatron's 14 step +37.6% to +75.0% (Mixtral's expert gradients, expert_dp 1, now summed in
 fp32 over the twin pair across nodes), torch's 6 +3.4% to +17.2%, nothing else.
+spread15/mend15f's pace of the slowest GPU (planner/spread.py: each plan's clock-bound kernels on the slowest of its
+8·pp H100s, x 1.021 to x 1.030 on the clock at sigma 1.48%) moved the 311 plans' step lines (183 Megatron, 128 torch)
+in their float times only, step -0.17% to +1.94% (the 10 torch ZB-H1 / ZBV plans at m 1 a little faster: their
+FSDP2 gathers' exposed time and the order's bubble shrink as the compute hides more), no call, byte, memory or error
+line, nothing else: the grid at cluster.gpu.variability 0 gives a272178e6e00... as recorded before (fixB, checked
+line by line against main at 2c963f6).
 Flipping
 any one schedule's trait (stage_map, interleaved, min_pp, even_pp, microbatch_rule, overlaps_ep, forwards_first,
 source) changes it or raises. An intended change re-records it and says why."""
@@ -88,7 +94,7 @@ from planner.parallel import SCHEDULES
 from planner.pipeline import MIRRORED, SCHEDULE_TRAITS, ScheduleTraits, register
 from planner.presets import model_preset
 
-RECORDED = "a272178e6e00b332e8cef873bd374c4ace43c1f4415d29dc8ddeaa96c9228868"
+RECORDED = "656d2a8204b88e40c711c56d83a91165b7372ef115ef192f95a1589f9286c012"
 MODEL = model_preset("mixtral-8x7b")  # 32 layers, 8 experts: ep = 2 gives the EP overlap something to hide
 LAYOUTS = (
     {},

@@ -26,6 +26,7 @@ from planner.kernels import (
     userbuffers_chunks_s,
     userbuffers_split,
 )
+from planner.spread import paced_gpu
 
 GPU = cluster_preset("dgx-h100", 1).gpu
 LLAMA = model_preset("llama3-70b")
@@ -93,11 +94,13 @@ def test_the_layer():
 
 def test_the_step_carries_it():
     """With --tp-comm-overlap, every layer's passes carry the chunks' extra GEMM time: the stage's forward GEMMs grow
-    by layers x the forward's extra, its backward's by layers x the backward's (no recompute here)."""
+    by layers x the forward's extra, its backward's by layers x the backward's (no recompute here). The chunks time on
+    the part that sets the 16 GPUs' pace (spread15/mend15f: spread.paced_gpu), as the step times them."""
     cluster = cluster_preset("dgx-h100", 2)
     off = build_plan(LLAMA, WORK, PAR, cluster).step.stages[0].compute
     on = build_plan(LLAMA, WORK, PAR, cluster, Options(overlap=Overlap(tp_comm_overlap=True))).step.stages[0].compute
-    f, _, b = userbuffers_split(Context(LLAMA, WORK, PAR), False, cluster.gpu)
+    ctx = Context(LLAMA, WORK, PAR)
+    f, _, b = userbuffers_split(ctx, False, paced_gpu(ctx, cluster.gpu))
     layers = LLAMA.num_layers
     assert on.forward.gemm_s - off.forward.gemm_s == pytest.approx(layers * f, rel=1e-9)
     assert on.backward.gemm_s - off.backward.gemm_s == pytest.approx(layers * b, rel=1e-9)
