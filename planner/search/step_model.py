@@ -305,6 +305,7 @@ class StepModel:
         self._variants: dict = {}
         self._scheds: dict = {}  # (schedule, pp, chunks per rank, dp, b) -> step.schedule_of (no sends)
         self._statics: dict = {}  # the layout's fields but SP -> memory.held_bytes per stage
+        self._parts: dict = {}  # pace -> spread.slowest_part of the GPU at it: one object per pace, made once
 
     @property
     def timed(self) -> bool:
@@ -515,7 +516,7 @@ class StepModel:
                 key = (optimizer_key(ctx, first), v.pace)  # on the paced part, as step.step_time's
                 found = memos.optimizer.get(key)
                 if found is None:
-                    found = optimizer_s(ctx, first, slowest_part(self.gpu, v.pace)) if ctx.training else 0.0
+                    found = optimizer_s(ctx, first, self._paced(v)) if ctx.training else 0.0
                     memos.put(memos.optimizer, key, found)
                 for s in members:
                     optimizer[s] = found
@@ -527,7 +528,14 @@ class StepModel:
         pace), as step.step_time times them."""
         v = self._variant(par)
         self._keys(v)
-        return slowest_part(self.gpu, v.pace)
+        return self._paced(v)
+
+    def _paced(self, v: _Variant):
+        """spread.slowest_part at the variant's pace, one GPUSpec per pace (not a new copy at every call)."""
+        part = self._parts.get(v.pace)
+        if part is None:
+            part = self._parts[v.pace] = slowest_part(self.gpu, v.pace)
+        return part
 
     def _paired(self, v: _Variant) -> bool:
         """step.paired_passes of the layout under the StepModel's overlap, once per layout (on _keys' context)."""
@@ -541,7 +549,7 @@ class StepModel:
         memos, rest = self._memos, v.pass_keys[s]
         part = memos.compute.get(((b, rc), rest, v.pace))
         if part is None:  # on the slowest part of the layout's world, as step.step_time (planner/spread.py)
-            part = stage_pass_compute(self._ctx(v, b, rc), s, slowest_part(self.gpu, v.pace), paired=v.paired)
+            part = stage_pass_compute(self._ctx(v, b, rc), s, self._paced(v), paired=v.paired)
             memos.put(memos.compute, ((b, rc), rest, v.pace), part)
         # recompute_s (the backward's re-run share, compute.stage_recompute_s) stays 0.0: only the timeline
         # draws it (step._pass_comm_events), which the search never builds; the step time and its bounds do
@@ -574,9 +582,7 @@ class StepModel:
                 part_key = ((b, rc), v.layer_key, comp[s].forward.total_s, chunks, v.pace)  # shares read the pace
                 part = memos.shares.get(part_key)
                 if part is None:
-                    part = memos.put(
-                        memos.shares, part_key, chunk_shares(ctx, StageStep(s, comp[s]), slowest_part(self.gpu, v.pace))
-                    )
+                    part = memos.put(memos.shares, part_key, chunk_shares(ctx, StageStep(s, comp[s]), self._paced(v)))
                 out.append(part)
             found = memos.put(memos.share_lists, key, tuple(out))
         return found
@@ -611,7 +617,7 @@ class StepModel:
         if key in self._memos.bounds:  # the passes do not read the optimizer step: layouts differing in ZeRO share it
             return key, None, sched
         passes = stage_passes(
-            self._ctx(v, b, rc), [StageStep(s, c) for s, c in enumerate(comp)], slowest_part(self.gpu, v.pace), shares
+            self._ctx(v, b, rc), [StageStep(s, c) for s, c in enumerate(comp)], self._paced(v), shares
         )
         return key, passes, sched
 
@@ -712,9 +718,7 @@ class StepModel:
                     # one stage per distinct pass key: a stage's pass reads its passes alone (no shares, no
                     # optimizer step), so alike stages give equal passes and the slowest is among these
                     stages = [StageStep(s, self._stage(v, b, rc, s)) for s in v.distinct]
-                    passes = stage_passes(
-                        self._ctx(v, b, rc), stages, slowest_part(self.gpu, v.pace), (None,) * v.par.pp
-                    )  # no shares
+                    passes = stage_passes(self._ctx(v, b, rc), stages, self._paced(v), (None,) * v.par.pp)  # no shares
                     found = memos.put(memos.bounds, key, busiest_rank_s(passes, self._schedule(v, b)))
                 out.append(found)
             bounds = memos.put(memos.arrays, array_key, np.array(out, dtype=np.float64))
@@ -839,11 +843,9 @@ class StepModel:
         totals = parts[0].totals(m, zero, par.pp)
         for part in parts[1:]:
             totals = totals + part.totals(m, zero, par.pp)
-        assign_streams(ctx, totals, stages, flags, slowest_part(self.gpu, v.pace))
+        assign_streams(ctx, totals, stages, flags, self._paced(v))
         sched = schedule_for(ctx, totals, bool(flags.overlap_p2p))
-        return critical_path(
-            ctx, stages, sched, slowest_part(self.gpu, v.pace), flags, shares=self._shares(v, b, rc)
-        ).time_s
+        return critical_path(ctx, stages, sched, self._paced(v), flags, shares=self._shares(v, b, rc)).time_s
 
 
 # layer_floors' shave: stage_layers_s sums the layers' totals, the pass their PassTimes' parts (another order of

@@ -221,11 +221,10 @@ def overlapped_step(
     median = median_part(part)
     spread_half = 0.0  # what the pace adds to one mean half's MoE layer as the simulation runs it (its ops)
     for _, ctx, weight in halves:
-        for op, t in op_times(ctx, part, comm_sms).items():
+        paced_ops = op_times(ctx, part, comm_sms)
+        for op, t in paced_ops.items():
             ops[op] += weight * t
-        spread_half += weight * (
-            sum(op_times(ctx, part, comm_sms).values()) - sum(op_times(ctx, median, comm_sms).values())
-        )
+        spread_half += weight * (sum(paced_ops.values()) - sum(op_times(ctx, median, comm_sms).values()))
         layer_half = layer_half + pass_time(layer_kernels(ctx, True, part).forward).scaled(weight)
     layer_whole = layer_forward(ctx_whole, True, part)[0]
     spread_whole = pass_spread(layer_whole, layer_forward(ctx_whole, True, median)[0])
